@@ -1,0 +1,62 @@
+/*
+ * The DPDK surface emx uses: the public headers bindgen reads, plus exported
+ * copies of the `static inline` fast-path functions, macros and per-thread
+ * values that Rust cannot bind directly. Each exported copy is named after
+ * the DPDK function with a trailing underscore (Demikernel's convention) and
+ * re-exported under DPDK's own name by `dpdk_ffi::sys`.
+ */
+#ifndef EMX_SHIM_H
+#define EMX_SHIM_H
+
+#include <stdint.h>
+#include <rte_common.h>
+#include <rte_errno.h>
+#include <rte_eal.h>
+#include <rte_lcore.h>
+#include <rte_memory.h>
+#include <rte_dev.h>
+#include <rte_bus.h>
+#include <rte_mempool.h>
+#include <rte_mbuf.h>
+#include <rte_ethdev.h>
+#include <rte_cycles.h>
+
+/* Per-thread values: Rust cannot bind C thread-locals. */
+int rte_errno_(void);
+unsigned rte_lcore_id_(void);
+
+/* Ethernet device fast path. */
+uint16_t rte_eth_rx_burst_(uint16_t port_id, uint16_t queue_id,
+			   struct rte_mbuf **rx_pkts, uint16_t nb_pkts);
+uint16_t rte_eth_tx_burst_(uint16_t port_id, uint16_t queue_id,
+			   struct rte_mbuf **tx_pkts, uint16_t nb_pkts);
+
+/* Packet mbufs. */
+struct rte_mbuf *rte_pktmbuf_alloc_(struct rte_mempool *mp);
+int rte_pktmbuf_alloc_bulk_(struct rte_mempool *mp, struct rte_mbuf **mbufs,
+			    unsigned count);
+void rte_pktmbuf_free_(struct rte_mbuf *m);
+char *rte_pktmbuf_append_(struct rte_mbuf *m, uint16_t len);
+char *rte_pktmbuf_prepend_(struct rte_mbuf *m, uint16_t len);
+char *rte_pktmbuf_adj_(struct rte_mbuf *m, uint16_t len);
+int rte_pktmbuf_trim_(struct rte_mbuf *m, uint16_t len);
+int rte_pktmbuf_chain_(struct rte_mbuf *head, struct rte_mbuf *tail);
+uint16_t rte_pktmbuf_headroom_(const struct rte_mbuf *m);
+uint16_t rte_pktmbuf_tailroom_(const struct rte_mbuf *m);
+uint16_t rte_mbuf_refcnt_read_(const struct rte_mbuf *m);
+uint16_t rte_pktmbuf_data_room_size_(struct rte_mempool *mp);
+
+/* External buffers: the zero-copy send primitive. */
+void rte_pktmbuf_attach_extbuf_(struct rte_mbuf *m, void *buf_addr,
+				rte_iova_t buf_iova, uint16_t buf_len,
+				struct rte_mbuf_ext_shared_info *shinfo);
+uint16_t rte_mbuf_ext_refcnt_update_(struct rte_mbuf_ext_shared_info *shinfo,
+				     int16_t value);
+int rte_mbuf_has_extbuf_(const struct rte_mbuf *m);
+
+/* Flush this lcore's cache of every mempool (before rte_thread_unregister). */
+void emx_flush_mempool_caches(void);
+
+uint64_t rte_rdtsc_(void);
+
+#endif

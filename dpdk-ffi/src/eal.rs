@@ -1,0 +1,337 @@
+//! The Environment Abstraction Layer: started once per process, cleaned up when
+//! the last handle to it goes.
+
+use std::ffi::{c_char, CString};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::error::{Errno, Error, Result};
+use crate::sys;
+
+const NOT_STARTED: u8 = 0;
+const RUNNING: u8 = 1;
+const FAILED: u8 = 2;
+const STOPPED: u8 = 3;
+static STATE: AtomicU8 = AtomicU8::new(NOT_STARTED);
+
+/// Mempools leaked because mbufs were still out when they were dropped. While
+/// any exist, `rte_eal_cleanup` is skipped so that those mbufs stay valid.
+pub(crate) static LEAKED_POOLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the EAL runs on hugepages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HugepageMode {
+    /// Hugepages when enough are free and hugetlbfs is mounted; otherwise
+    /// ordinary pages (`--no-huge`). The default.
+    #[default]
+    Auto,
+    /// Hugepages or an error that says how to reserve them.
+    Require,
+    /// Ordinary pages (`--no-huge -m <memory> --no-shconf`).
+    Never,
+}
+
+/// A handle to the running EAL. Clones share it; the EAL is cleaned up
+/// (`rte_eal_cleanup`) when the last clone, and every mempool, port and memory
+/// region made from it, is gone.
+#[derive(Clone)]
+pub struct Eal(Arc<EalInner>);
+
+struct EalInner {
+    hugepages: bool,
+    args: Vec<String>,
+}
+
+impl std::fmt::Debug for Eal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Eal")
+            .field("hugepages", &self.0.hugepages)
+            .field("args", &self.0.args)
+            .finish()
+    }
+}
+
+/// Builds the EAL's argument list. Every option has a default that works on a
+/// machine with no NIC and no hugepages.
+#[derive(Clone, Debug)]
+pub struct EalBuilder {
+    file_prefix: Option<String>,
+    hugepages: HugepageMode,
+    memory_mb: u32,
+    vdevs: Vec<String>,
+    pci: Vec<String>,
+    log_level: u32,
+    extra: Vec<String>,
+}
+
+impl Default for EalBuilder {
+    fn default() -> Self {
+        EalBuilder {
+            file_prefix: None,
+            hugepages: HugepageMode::Auto,
+            memory_mb: 512,
+            vdevs: Vec::new(),
+            pci: Vec::new(),
+            log_level: 5,
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl EalBuilder {
+    /// `--file-prefix`; the default, `emx-<pid>`, keeps processes apart.
+    pub fn file_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.file_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Hugepages or not ([`HugepageMode::Auto`] by default).
+    pub fn hugepages(mut self, mode: HugepageMode) -> Self {
+        self.hugepages = mode;
+        self
+    }
+
+    /// Memory in MiB: preallocated without hugepages, and the amount of free
+    /// hugepage memory `Auto` looks for. Default 512.
+    pub fn memory_mb(mut self, mb: u32) -> Self {
+        self.memory_mb = mb;
+        self
+    }
+
+    /// A virtual device to create at start (`--vdev=<devargs>`). Devices can
+    /// also be added later with [`Port::from_devargs`](crate::Port::from_devargs).
+    pub fn vdev(mut self, devargs: impl Into<String>) -> Self {
+        self.vdevs.push(devargs.into());
+        self
+    }
+
+    /// A PCI device to use (`-a <addr>[,args]`). Without any, the PCI bus is
+    /// not scanned (`--no-pci`).
+    pub fn pci(mut self, addr: impl Into<String>) -> Self {
+        self.pci.push(addr.into());
+        self
+    }
+
+    /// DPDK's global log level (1 emergency .. 8 debug). Default 5 (warning).
+    pub fn log_level(mut self, level: u32) -> Self {
+        self.log_level = level;
+        self
+    }
+
+    /// Any further EAL argument, passed as is (for example `--lcores=...`).
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra.push(arg.into());
+        self
+    }
+
+    /// The argument list [`init`](Self::init) will pass, after the hugepage
+    /// choice is made.
+    pub fn args(&self) -> Result<(Vec<String>, bool)> {
+        let mut args = vec!["emx".to_string()];
+        let prefix = self
+            .file_prefix
+            .clone()
+            .unwrap_or_else(|| format!("emx-{}", std::process::id()));
+        args.push(format!("--file-prefix={prefix}"));
+        let huge = match self.hugepages {
+            HugepageMode::Never => false,
+            HugepageMode::Auto => hugepages_usable(self.memory_mb).is_ok(),
+            HugepageMode::Require => {
+                hugepages_usable(self.memory_mb).map_err(Error::NoHugepages)?;
+                true
+            }
+        };
+        if huge {
+            args.push("--in-memory".into());
+        } else {
+            args.extend([
+                "--no-huge".into(),
+                format!("-m{}", self.memory_mb),
+                "--no-shconf".into(),
+            ]);
+        }
+        // One lcore (the main thread), allowed on every CPU this process may use:
+        // a plain `-l 0` would pin the main thread, and every thread it spawns
+        // afterwards, to CPU 0. Polling threads register themselves and pin
+        // themselves.
+        if !self
+            .extra
+            .iter()
+            .any(|a| a.starts_with("-l") || a.starts_with("--lcores"))
+        {
+            args.push(format!("--lcores=0@({})", allowed_cpus()));
+        }
+        args.push("--no-telemetry".into());
+        args.push(format!("--log-level={}", self.log_level));
+        if self.pci.is_empty() {
+            args.push("--no-pci".into());
+        }
+        args.extend(self.pci.iter().map(|p| format!("-a{p}")));
+        args.extend(self.vdevs.iter().map(|v| format!("--vdev={v}")));
+        args.extend(self.extra.iter().cloned());
+        Ok((args, huge))
+    }
+
+    /// Starts the EAL. Fails with [`Error::EalAlreadyStarted`] when it has
+    /// been started (or a start was tried) in this process before.
+    pub fn init(self) -> Result<Eal> {
+        let (args, huge) = self.args()?;
+        Eal::init_args(args, huge)
+    }
+}
+
+impl Eal {
+    /// A builder with defaults that need no NIC and no hugepages.
+    pub fn builder() -> EalBuilder {
+        EalBuilder::default()
+    }
+
+    /// Starts the EAL with a raw argument list (`args[0]` is the program
+    /// name). Prefer [`Eal::builder`].
+    pub fn init<I, S>(args: I) -> Result<Eal>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let args: Vec<String> = args.into_iter().map(Into::into).collect();
+        let huge = !args.iter().any(|a| a == "--no-huge");
+        Self::init_args(args, huge)
+    }
+
+    fn init_args(args: Vec<String>, hugepages: bool) -> Result<Eal> {
+        let cargs = args
+            .iter()
+            .map(|a| {
+                CString::new(a.as_str()).map_err(|_| Error::EalArgument {
+                    arg: a.clone(),
+                    why: "it contains a NUL byte",
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Err(state) =
+            STATE.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+        {
+            return Err(Error::EalAlreadyStarted(match state {
+                RUNNING => "started",
+                FAILED => "started once (and that start failed)",
+                _ => "started and stopped",
+            }));
+        }
+        // The EAL keeps pointers into argv for the life of the process, and may
+        // permute the array: both the strings and the array are leaked.
+        let argv: &'static mut [*mut c_char] = Box::leak(
+            cargs
+                .into_iter()
+                .map(CString::into_raw)
+                .collect::<Vec<_>>()
+                .into_boxed_slice(),
+        );
+        // SAFETY: argv holds argc valid NUL-terminated strings that live for the
+        // rest of the process; STATE guarantees this is the only call.
+        let ret = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
+        if ret < 0 {
+            STATE.store(FAILED, Ordering::Release);
+            let errno = Errno::last();
+            let hint = match errno.0 {
+                libc::EALREADY => " (the EAL was started by other code in this process)",
+                libc::EACCES => " (permission denied: run as root, or use --no-huge and a writable --file-prefix)",
+                libc::ENOMEM => " (not enough memory: reserve hugepages, or lower -m)",
+                libc::ENOTSUP | libc::ENODEV => " (a device in the arguments could not be probed: check --vdev and -a)",
+                libc::EINVAL => " (an argument was not understood: see the EAL's message above)",
+                _ => "",
+            };
+            return Err(Error::EalInit { errno, hint });
+        }
+        Ok(Eal(Arc::new(EalInner { hugepages, args })))
+    }
+
+    /// True when the EAL runs on hugepages, false with `--no-huge`.
+    pub fn uses_hugepages(&self) -> bool {
+        self.0.hugepages
+    }
+
+    /// The arguments the EAL was started with.
+    pub fn args(&self) -> &[String] {
+        &self.0.args
+    }
+
+    /// True when DMA addresses are virtual addresses (IOVA as VA).
+    pub fn iova_is_va(&self) -> bool {
+        // SAFETY: the EAL is running; a plain query.
+        unsafe { sys::rte_eal_iova_mode() == sys::RTE_IOVA_VA }
+    }
+
+    /// Whether the EAL is running in this process.
+    pub fn is_running() -> bool {
+        STATE.load(Ordering::Acquire) == RUNNING
+    }
+}
+
+impl Drop for EalInner {
+    fn drop(&mut self) {
+        if LEAKED_POOLS.load(Ordering::Acquire) > 0 {
+            // Leaked mbufs may still be read: keep their memory mapped.
+            return;
+        }
+        // DPDK 22.11's rte_eal_cleanup frees interrupt handles and memory while
+        // its interrupt thread still runs, and drivers such as memif unregister
+        // their interrupt sources lazily (rte_intr_callback_unregister_pending,
+        // processed by that thread later): cleaning up at once after a port is
+        // removed crashes the interrupt thread (seen here 3 times in 12 runs).
+        // Give it time to process the pending unregistrations first.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // SAFETY: this is the last handle: every port, mempool and region holds
+        // one, so all of them are closed and freed by now.
+        unsafe { sys::rte_eal_cleanup() };
+        STATE.store(STOPPED, Ordering::Release);
+    }
+}
+
+/// Ok when hugetlbfs is mounted and at least `memory_mb` of 2 MiB (or larger)
+/// hugepages are free; otherwise why not.
+pub(crate) fn hugepages_usable(memory_mb: u32) -> std::result::Result<(), &'static str> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    if !mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
+    {
+        return Err("no hugetlbfs is mounted");
+    }
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let free_kb = field("HugePages_Free:") * field("Hugepagesize:");
+    if free_kb == 0 {
+        return Err("no hugepages are reserved or free");
+    }
+    if free_kb < u64::from(memory_mb) * 1024 {
+        return Err("fewer hugepages are free than the memory asked for");
+    }
+    Ok(())
+}
+
+/// The CPUs this process may run on, as an EAL cpuset list ("0,1,3").
+fn allowed_cpus() -> String {
+    let mut cpus = Vec::new();
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            for cpu in 0..libc::CPU_SETSIZE as usize {
+                if libc::CPU_ISSET(cpu, &set) {
+                    cpus.push(cpu.to_string());
+                }
+            }
+        }
+    }
+    if cpus.is_empty() {
+        "0".into()
+    } else {
+        cpus.join(",")
+    }
+}

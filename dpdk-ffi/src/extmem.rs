@@ -1,0 +1,396 @@
+//! External memory: regions outside DPDK's heap, registered with DPDK, whose
+//! slices are attached to mbufs as external buffers. This is how emx sends
+//! without copying: a frame's payload mbuf points into the application's
+//! registered buffer, and the buffer is released when the last mbuf pointing
+//! into it is freed.
+//!
+//! Ownership: an [`ExtMem`] region lends out disjoint ranges as [`ExtBuf`]s. A
+//! range is writable only while no mbuf refers to it, and goes back to the
+//! region, with the buffer's release callback run once, when the `ExtBuf` and
+//! every mbuf attached from it are gone.
+
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use crate::eal::{hugepages_usable, Eal};
+use crate::error::{Error, Result, ToResult};
+use crate::mbuf::Mbuf;
+use crate::sys;
+
+const HUGE_PAGE: usize = 2 << 20;
+
+/// A memory region registered with DPDK (`rte_extmem_register`): hugepages
+/// when there are free ones, ordinary locked pages otherwise.
+#[derive(Clone)]
+pub struct ExtMem(Arc<RegionInner>);
+
+struct RegionInner {
+    base: NonNull<u8>,
+    len: usize,
+    page_size: usize,
+    hugepages: bool,
+    /// IOVA of each page, for attaching to mbufs.
+    iovas: Vec<u64>,
+    /// Ranges lent out (start -> end), so that no two buffers overlap.
+    lent: Mutex<BTreeMap<usize, usize>>,
+    _eal: Eal,
+}
+
+// SAFETY: the region is plain memory; all access to its bytes goes through
+// ExtBuf, whose ranges are disjoint (enforced by `lent`), and the bookkeeping
+// is behind a Mutex.
+unsafe impl Send for RegionInner {}
+// SAFETY: as above.
+unsafe impl Sync for RegionInner {}
+
+impl std::fmt::Debug for ExtMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtMem")
+            .field("len", &self.0.len)
+            .field("page_size", &self.0.page_size)
+            .field("hugepages", &self.0.hugepages)
+            .finish()
+    }
+}
+
+impl ExtMem {
+    /// Maps and registers `len` bytes (rounded up to whole pages), on hugepages
+    /// when enough are free and on ordinary pages otherwise.
+    pub fn new(eal: &Eal, len: usize) -> Result<ExtMem> {
+        let want_mb = u32::try_from(len.div_ceil(1 << 20)).unwrap_or(u32::MAX);
+        let huge = hugepages_usable(want_mb).is_ok();
+        match Self::with_pages(eal, len, huge) {
+            Err(Error::Mmap { .. }) if huge => Self::with_pages(eal, len, false),
+            r => r,
+        }
+    }
+
+    /// Like [`ExtMem::new`], choosing the page kind: hugepages (`true`) or
+    /// ordinary pages.
+    pub fn with_pages(eal: &Eal, len: usize, hugepages: bool) -> Result<ExtMem> {
+        if len == 0 {
+            return Err(Error::ExtMem("a region must not be empty"));
+        }
+        // SAFETY: sysconf has no preconditions.
+        let small = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let page_size = if hugepages { HUGE_PAGE } else { small };
+        let len = len.div_ceil(page_size) * page_size;
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+        if hugepages {
+            flags |= libc::MAP_HUGETLB;
+        }
+        // SAFETY: an anonymous private mapping at an address of the kernel's
+        // choosing; nothing else is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Mmap {
+                len,
+                kind: if hugepages {
+                    "hugepages"
+                } else {
+                    "ordinary pages"
+                },
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        let base = NonNull::new(p as *mut u8).expect("mmap never returns null on success");
+        if !hugepages {
+            // Physical addresses must not move under DMA. Best effort: without
+            // the privilege, virtual devices (which use virtual addresses) still work.
+            // SAFETY: the range was just mapped.
+            let _ = unsafe { libc::mlock(p, len) };
+        }
+        let pages = len / page_size;
+        let iovas: Vec<u64> = (0..pages)
+            .map(|i| {
+                let va = base.as_ptr() as usize + i * page_size;
+                if eal.iova_is_va() {
+                    va as u64
+                } else {
+                    // SAFETY: va is mapped and populated.
+                    unsafe { sys::rte_mem_virt2phy(va as *const libc::c_void) }
+                }
+            })
+            .collect();
+        let mut iova_arg = iovas.clone();
+        // SAFETY: base..base+len is mapped, page-aligned, a whole number of pages
+        // of page_size, and iova_arg has one entry per page.
+        let r = unsafe {
+            sys::rte_extmem_register(p, len, iova_arg.as_mut_ptr(), pages as u32, page_size)
+        }
+        .check("rte_extmem_register");
+        if let Err(e) = r {
+            // SAFETY: unmapping what was mapped above; nothing refers to it.
+            unsafe { libc::munmap(p, len) };
+            return Err(e);
+        }
+        Ok(ExtMem(Arc::new(RegionInner {
+            base,
+            len,
+            page_size,
+            hugepages,
+            iovas,
+            lent: Mutex::new(BTreeMap::new()),
+            _eal: eal.clone(),
+        })))
+    }
+
+    /// Size in bytes (whole pages).
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    /// Never true: regions are at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Page size in bytes.
+    pub fn page_size(&self) -> usize {
+        self.0.page_size
+    }
+
+    /// True when the region is on hugepages.
+    pub fn is_hugepages(&self) -> bool {
+        self.0.hugepages
+    }
+
+    /// Lends `offset..offset + len` as a buffer. Fails when the range is out
+    /// of the region or overlaps a buffer still lent out.
+    pub fn buffer(&self, offset: usize, len: usize) -> Result<ExtBuf> {
+        self.buffer_with(offset, len, || {})
+    }
+
+    /// Like [`buffer`](Self::buffer); `on_release` runs once, when the buffer
+    /// and every mbuf attached from it are gone and the range is free again.
+    pub fn buffer_with(
+        &self,
+        offset: usize,
+        len: usize,
+        on_release: impl FnOnce() + Send + 'static,
+    ) -> Result<ExtBuf> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.0.len && len > 0);
+        let Some(end) = end else {
+            return Err(Error::ExtMem("buffer range is empty or outside the region"));
+        };
+        {
+            let mut lent = self.0.lent.lock().unwrap_or_else(|e| e.into_inner());
+            let before = lent.range(..end).next_back();
+            if before.is_some_and(|(_, &e)| e > offset) {
+                return Err(Error::ExtMem(
+                    "buffer range overlaps a buffer still lent out",
+                ));
+            }
+            lent.insert(offset, end);
+        }
+        let state = Box::new(BufState {
+            shinfo: sys::rte_mbuf_ext_shared_info {
+                free_cb: Some(release_cb),
+                fcb_opaque: std::ptr::null_mut(),
+                refcnt: 1,
+            },
+            region: self.0.clone(),
+            offset,
+            on_release: Some(Box::new(on_release)),
+        });
+        let state = NonNull::from(Box::leak(state));
+        // SAFETY: state was just leaked and is not shared yet.
+        unsafe { (*state.as_ptr()).shinfo.fcb_opaque = state.as_ptr() as *mut libc::c_void };
+        Ok(ExtBuf { state, offset, len })
+    }
+}
+
+impl Drop for RegionInner {
+    fn drop(&mut self) {
+        // SAFETY: every buffer (and every mbuf attached from one) holds a clone
+        // of the region, so none is left: unregister, then unmap.
+        unsafe {
+            sys::rte_extmem_unregister(self.base.as_ptr() as *mut libc::c_void, self.len);
+            libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+/// What DPDK's free callback needs: the shared info block whose `refcnt`
+/// counts the owner (the `ExtBuf`) plus every mbuf attached from it.
+#[repr(C)]
+struct BufState {
+    shinfo: sys::rte_mbuf_ext_shared_info,
+    region: Arc<RegionInner>,
+    offset: usize,
+    on_release: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// DPDK's `free_cb`: the reference count reached zero.
+unsafe extern "C" fn release_cb(_addr: *mut libc::c_void, opaque: *mut libc::c_void) {
+    // SAFETY: opaque is the BufState leaked in buffer_with; the count reached
+    // zero exactly once, so this is its only release.
+    let state = unsafe { Box::from_raw(opaque as *mut BufState) };
+    state
+        .region
+        .lent
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&state.offset);
+    if let Some(f) = state.on_release {
+        f();
+    }
+}
+
+/// A range of an [`ExtMem`] region, lent to one owner. Write it while no
+/// mbuf refers to it, then attach slices of it to mbufs to send them with no
+/// copy. Dropping it gives up the owner's reference; the range goes back to
+/// the region (and the release callback runs) when the last mbuf is freed too.
+pub struct ExtBuf {
+    state: NonNull<BufState>,
+    offset: usize,
+    len: usize,
+}
+
+// SAFETY: the state block is only touched through DPDK's atomic refcount and,
+// on release, by whoever drops the count to zero.
+unsafe impl Send for ExtBuf {}
+// SAFETY: &ExtBuf only reads the bytes and updates the atomic refcount.
+unsafe impl Sync for ExtBuf {}
+
+impl ExtBuf {
+    fn shinfo(&self) -> *mut sys::rte_mbuf_ext_shared_info {
+        // SAFETY: the state lives while this owner's reference is held.
+        unsafe { &raw mut (*self.state.as_ptr()).shinfo }
+    }
+
+    fn region(&self) -> &RegionInner {
+        // SAFETY: as in shinfo().
+        unsafe { &(*self.state.as_ptr()).region }
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: offset < region length, checked when lent.
+        unsafe { self.region().base.as_ptr().add(self.offset) }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: buffers are at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Offset in its region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Mbufs still attached to this buffer (sent or waiting to be).
+    pub fn in_flight(&self) -> u16 {
+        // SAFETY: reading the count (an add of 0 is an atomic load).
+        unsafe { sys::rte_mbuf_ext_refcnt_update(self.shinfo(), 0) }.saturating_sub(1)
+    }
+
+    /// The bytes, to read.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range is lent to this buffer alone; mbufs only read it.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+
+    /// The bytes, to write; `None` while an mbuf refers to them (the NIC may
+    /// be reading them, or a retransmission may need them unchanged).
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        if self.in_flight() != 0 {
+            return None;
+        }
+        // SAFETY: lent to this buffer alone, no mbuf refers to it, and &mut
+        // self excludes any other borrow.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) })
+    }
+
+    /// Attaches `offset..offset + len` of this buffer to `mbuf` (fresh from a
+    /// pool: empty, one segment) as its data. No byte is copied. Chain it after
+    /// a header mbuf to send a frame whose payload comes from here.
+    pub fn attach(&self, mbuf: &mut Mbuf, offset: usize, len: usize) -> Result<()> {
+        let end = offset.checked_add(len).filter(|&e| e <= self.len);
+        if end.is_none() || len > usize::from(u16::MAX) {
+            return Err(Error::OutOfBounds {
+                offset,
+                len,
+                limit: self.len.min(usize::from(u16::MAX)),
+            });
+        }
+        if mbuf.pkt_len() != 0 || mbuf.nb_segs() != 1 || mbuf.is_external() {
+            return Err(Error::Config(
+                "only an empty, direct, single-segment mbuf can be attached".into(),
+            ));
+        }
+        let region = self.region();
+        let at = self.offset + offset;
+        let page = at / region.page_size;
+        let last_page = (at + len.max(1) - 1) / region.page_size;
+        let iova = region.iovas[page] + (at % region.page_size) as u64;
+        if last_page != page
+            && region.iovas[last_page]
+                != region.iovas[page] + ((last_page - page) * region.page_size) as u64
+        {
+            return Err(Error::ExtMem(
+                "slice spans pages that are not contiguous in IO address space",
+            ));
+        }
+        // SAFETY: the shinfo outlives the mbuf (its count includes it from here
+        // on); the address range lies within this buffer; the mbuf is owned,
+        // empty and direct (checked above).
+        unsafe {
+            sys::rte_mbuf_ext_refcnt_update(self.shinfo(), 1);
+            sys::rte_pktmbuf_attach_extbuf(
+                mbuf.as_ptr(),
+                self.ptr().add(offset) as *mut libc::c_void,
+                iova,
+                len as u16,
+                self.shinfo(),
+            );
+            let m = &mut *mbuf.as_ptr();
+            m.data_len = len as u16;
+            m.pkt_len = len as u32;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ExtBuf {
+    fn drop(&mut self) {
+        // Same release rule as DPDK's __rte_pktmbuf_free_extbuf.
+        // SAFETY: gives up this owner's reference; whoever brings the count to
+        // zero (here or in an mbuf free) runs the release exactly once.
+        unsafe {
+            if sys::rte_mbuf_ext_refcnt_update(self.shinfo(), -1) == 0 {
+                release_cb(
+                    self.ptr() as *mut libc::c_void,
+                    self.state.as_ptr() as *mut libc::c_void,
+                );
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for ExtBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtBuf")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}

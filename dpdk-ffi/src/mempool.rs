@@ -1,0 +1,146 @@
+//! Pools of packet mbufs.
+
+use std::ffi::CString;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::eal::{Eal, LEAKED_POOLS};
+use crate::error::{Error, Result, ToResult};
+use crate::sys;
+
+/// Data room of a default mbuf: 2048 bytes plus the headroom, enough for a
+/// 1500-byte MTU frame in one segment.
+pub const DEFAULT_DATA_ROOM: u16 = sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16;
+
+/// A pool of packet mbufs (`rte_pktmbuf_pool_create`). Clones share the pool;
+/// it is freed when the last clone and every port using it are gone, and only
+/// if no mbuf of it is still out (otherwise it is leaked, never freed under a
+/// live mbuf).
+#[derive(Clone)]
+pub struct Mempool(Arc<PoolInner>);
+
+struct PoolInner {
+    raw: NonNull<sys::rte_mempool>,
+    name: String,
+    size: u32,
+    data_room: u16,
+    _eal: Eal,
+}
+
+// SAFETY: DPDK mempools are multi-producer/multi-consumer safe; the handle only
+// holds the pointer and immutable metadata.
+unsafe impl Send for PoolInner {}
+// SAFETY: as above: concurrent get/put from several threads is what the
+// mempool ring is built for.
+unsafe impl Sync for PoolInner {}
+
+impl std::fmt::Debug for Mempool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mempool")
+            .field("name", &self.0.name)
+            .field("size", &self.0.size)
+            .field("data_room", &self.0.data_room)
+            .finish()
+    }
+}
+
+impl Mempool {
+    /// Creates a pool of `size` mbufs (best as 2^k - 1), with a per-lcore cache
+    /// of `cache` mbufs and `data_room` bytes of buffer each (headroom
+    /// included; [`DEFAULT_DATA_ROOM`] fits a 1500-byte MTU frame).
+    pub fn new(eal: &Eal, name: &str, size: u32, cache: u32, data_room: u16) -> Result<Mempool> {
+        // RTE_MEMPOOL_NAMESIZE is 26 with the terminating NUL, and the ring
+        // underneath adds a 3-byte prefix to the same limit.
+        if name.is_empty() || name.len() > 22 {
+            return Err(Error::Config(format!(
+                "mempool name `{name}` must be 1 to 22 bytes"
+            )));
+        }
+        if u32::from(data_room) <= sys::RTE_PKTMBUF_HEADROOM {
+            return Err(Error::Config(format!(
+                "mempool data room {data_room} must exceed the {} byte headroom",
+                sys::RTE_PKTMBUF_HEADROOM
+            )));
+        }
+        let cname =
+            CString::new(name).map_err(|_| Error::Config("mempool name contains NUL".into()))?;
+        // SAFETY: a valid name; the EAL is running (we hold a handle); the
+        // returned pointer is owned by this handle until freed in Drop.
+        let raw = unsafe {
+            sys::rte_pktmbuf_pool_create(
+                cname.as_ptr(),
+                size,
+                cache,
+                0,
+                data_room,
+                sys::SOCKET_ID_ANY,
+            )
+        }
+        .check("rte_pktmbuf_pool_create")?;
+        Ok(Mempool(Arc::new(PoolInner {
+            raw,
+            name: name.to_string(),
+            size,
+            data_room,
+            _eal: eal.clone(),
+        })))
+    }
+
+    /// The raw pool, for the raw bindings in [`sys`](crate::sys).
+    pub fn as_ptr(&self) -> *mut sys::rte_mempool {
+        self.0.raw.as_ptr()
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// Number of mbufs in the pool.
+    pub fn size(&self) -> u32 {
+        self.0.size
+    }
+
+    /// Buffer bytes per mbuf, headroom included.
+    pub fn data_room(&self) -> u16 {
+        self.0.data_room
+    }
+
+    /// Mbufs available (in the pool and in per-lcore caches).
+    pub fn available(&self) -> u32 {
+        // SAFETY: the pool is alive while self is.
+        unsafe { sys::rte_mempool_avail_count(self.as_ptr()) }
+    }
+
+    /// Mbufs taken out and not yet returned.
+    pub fn in_use(&self) -> u32 {
+        // SAFETY: the pool is alive while self is.
+        unsafe { sys::rte_mempool_in_use_count(self.as_ptr()) }
+    }
+
+    pub(crate) fn exhausted(&self) -> Error {
+        Error::MempoolExhausted {
+            pool: self.0.name.clone(),
+            size: self.0.size,
+        }
+    }
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        // SAFETY: the pool is alive until freed below.
+        let in_use = unsafe { sys::rte_mempool_in_use_count(self.raw.as_ptr()) };
+        if in_use == 0 {
+            // SAFETY: no mbuf of the pool is out and no port refers to it (ports
+            // hold a clone), so nothing can touch it again.
+            unsafe { sys::rte_mempool_free(self.raw.as_ptr()) };
+        } else {
+            LEAKED_POOLS.fetch_add(1, Ordering::AcqRel);
+            eprintln!(
+                "dpdk-ffi: mempool `{}` dropped with {in_use} mbufs still out; leaking it",
+                self.name
+            );
+        }
+    }
+}

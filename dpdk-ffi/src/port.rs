@@ -1,0 +1,544 @@
+//! Ethernet ports: configuration, start, link, statistics, and the rx/tx
+//! queues, each handed out once so that one queue belongs to one thread.
+
+use std::ffi::{c_char, CStr, CString};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::eal::Eal;
+use crate::error::{Errno, Error, Result, ToResult};
+use crate::mbuf::{Burst, Mbuf};
+use crate::mempool::Mempool;
+use crate::sys;
+
+/// How to set a port up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortConfig {
+    /// Receive queues.
+    pub rx_queues: u16,
+    /// Transmit queues.
+    pub tx_queues: u16,
+    /// Descriptors per receive queue (the driver may round it).
+    pub rx_desc: u16,
+    /// Descriptors per transmit queue (the driver may round it).
+    pub tx_desc: u16,
+    /// MTU in bytes, or the driver's default.
+    pub mtu: Option<u16>,
+    /// Receive frames for any destination MAC.
+    pub promiscuous: bool,
+}
+
+impl Default for PortConfig {
+    fn default() -> Self {
+        PortConfig {
+            rx_queues: 1,
+            tx_queues: 1,
+            rx_desc: 1024,
+            tx_desc: 1024,
+            mtu: None,
+            promiscuous: false,
+        }
+    }
+}
+
+/// Link state as the driver reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkStatus {
+    /// Link up.
+    pub up: bool,
+    /// Speed in Mbit/s (0 when unknown).
+    pub speed_mbps: u32,
+    /// Full duplex.
+    pub full_duplex: bool,
+}
+
+/// Basic port counters (`rte_eth_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Frames received.
+    pub rx_packets: u64,
+    /// Frames sent.
+    pub tx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Frames dropped because the receive queues were full.
+    pub rx_missed: u64,
+    /// Receive errors.
+    pub rx_errors: u64,
+    /// Transmit errors.
+    pub tx_errors: u64,
+    /// Receive failures for want of an mbuf.
+    pub rx_no_mbuf: u64,
+}
+
+/// A configured and started Ethernet port. Clones share it; when the last
+/// clone and every queue taken from it are gone it is stopped, closed and, if
+/// [`Port::from_devargs`] created the device, removed, in that order, before
+/// its mempool and the EAL are released.
+#[derive(Clone)]
+pub struct Port(Arc<PortInner>);
+
+struct PortInner {
+    id: u16,
+    name: String,
+    mac: [u8; 6],
+    mtu: u16,
+    multi_seg_tx: bool,
+    rx_taken: Vec<AtomicBool>,
+    tx_taken: Vec<AtomicBool>,
+    /// The device, when this handle probed it and must remove it.
+    hotplugged: Option<*mut sys::rte_device>,
+    // Dropped after the port is closed: the rx queues hold its mbufs until then.
+    _pool: Mempool,
+    _eal: Eal,
+}
+
+// SAFETY: the control-path calls made through PortInner (stats, link, stop,
+// close) are thread-safe in DPDK; the device pointer is only used in Drop.
+unsafe impl Send for PortInner {}
+// SAFETY: as above; queues, which are not thread-safe, are separate owned types.
+unsafe impl Sync for PortInner {}
+
+impl std::fmt::Debug for Port {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Port")
+            .field("id", &self.0.id)
+            .field("name", &self.0.name)
+            .field("mac", &format_mac(&self.0.mac))
+            .field("mtu", &self.0.mtu)
+            .finish()
+    }
+}
+
+impl Port {
+    /// Creates a device from devargs (`net_memif0,role=server,socket=/tmp/m.sock`,
+    /// a PCI address, ...) and sets it up as [`Port::open`] does. A device that
+    /// already exists (for example from `--vdev`) is opened, not created again.
+    pub fn from_devargs(
+        eal: &Eal,
+        devargs: &str,
+        cfg: &PortConfig,
+        pool: &Mempool,
+    ) -> Result<Port> {
+        let name = devargs.split(',').next().unwrap_or_default().trim();
+        let cdev = CString::new(devargs).map_err(|_| Error::Devargs {
+            devargs: devargs.into(),
+            errno: Some(Errno(libc::EINVAL)),
+        })?;
+        // SAFETY: a valid NUL-terminated string; the EAL is running.
+        let ret = unsafe { sys::rte_dev_probe(cdev.as_ptr()) };
+        let created = match ret {
+            0 => true,
+            r if r == -libc::EEXIST => false,
+            r => {
+                // Drivers often fail with a bare -1, which is no errno.
+                let errno = (r != -1).then(|| Errno::from_ret(r));
+                return Err(if driver_missing(name) {
+                    Error::NoDriver {
+                        devargs: devargs.into(),
+                        driver: driver_name(name).into(),
+                    }
+                } else {
+                    Error::Devargs {
+                        devargs: devargs.into(),
+                        errno,
+                    }
+                });
+            }
+        };
+        let id = port_by_name(name).ok_or_else(|| Error::Devargs {
+            devargs: devargs.into(),
+            errno: Some(Errno(libc::ENODEV)),
+        })?;
+        Self::setup(eal, id, cfg, pool, created)
+    }
+
+    /// Sets up an existing port: configures its queues and MTU, binds its
+    /// receive queues to `pool`, and starts it.
+    pub fn open(eal: &Eal, id: u16, cfg: &PortConfig, pool: &Mempool) -> Result<Port> {
+        Self::setup(eal, id, cfg, pool, false)
+    }
+
+    fn setup(eal: &Eal, id: u16, cfg: &PortConfig, pool: &Mempool, created: bool) -> Result<Port> {
+        // SAFETY: plain queries with a port id; no pointers.
+        if unsafe { sys::rte_eth_dev_is_valid_port(id) } == 0 {
+            let available = unsafe { sys::rte_eth_dev_count_avail() };
+            return Err(Error::UnknownPort {
+                port: id,
+                available,
+            });
+        }
+        let mut info = sys::rte_eth_dev_info::default();
+        // SAFETY: valid port id; info is a writable rte_eth_dev_info.
+        unsafe { sys::rte_eth_dev_info_get(id, &mut info) }.check("rte_eth_dev_info_get")?;
+        // Remove the device on drop only if this handle created it. Built here,
+        // so that a failure below still stops, closes and removes it.
+        let mut inner = PortInner {
+            id,
+            name: port_name(id),
+            mac: [0; 6],
+            mtu: 0,
+            multi_seg_tx: info.tx_offload_capa & sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS != 0,
+            rx_taken: (0..cfg.rx_queues).map(|_| AtomicBool::new(false)).collect(),
+            tx_taken: (0..cfg.tx_queues).map(|_| AtomicBool::new(false)).collect(),
+            hotplugged: created.then_some(info.device),
+            _pool: pool.clone(),
+            _eal: eal.clone(),
+        };
+        if cfg.rx_queues == 0
+            || cfg.rx_queues > info.max_rx_queues
+            || cfg.tx_queues == 0
+            || cfg.tx_queues > info.max_tx_queues
+        {
+            return Err(Error::Config(format!(
+                "port {id} ({}) supports 1..={} rx and 1..={} tx queues; asked for {} and {}",
+                inner.name, info.max_rx_queues, info.max_tx_queues, cfg.rx_queues, cfg.tx_queues
+            )));
+        }
+        let mut conf = sys::rte_eth_conf::default();
+        if let Some(mtu) = cfg.mtu {
+            if u32::from(mtu) > u32::from(info.max_mtu) || u32::from(mtu) < u32::from(info.min_mtu)
+            {
+                return Err(Error::Config(format!(
+                    "port {id} ({}) accepts an MTU of {} to {}; asked for {mtu}",
+                    inner.name, info.min_mtu, info.max_mtu
+                )));
+            }
+            let frame = usize::from(mtu) + 18;
+            let room = usize::from(pool.data_room()) - sys::RTE_PKTMBUF_HEADROOM as usize;
+            let scatter = info.rx_offload_capa & sys::RTE_ETH_RX_OFFLOAD_SCATTER != 0;
+            if frame > room && !scatter {
+                return Err(Error::Config(format!(
+                    "MTU {mtu} needs {frame}-byte buffers but mempool `{}` has {room} and port {id} \
+                     cannot scatter; create the pool with a data room of at least {}",
+                    pool.name(),
+                    frame + sys::RTE_PKTMBUF_HEADROOM as usize
+                )));
+            }
+            if frame > room {
+                conf.rxmode.offloads |= sys::RTE_ETH_RX_OFFLOAD_SCATTER;
+            }
+            conf.rxmode.mtu = u32::from(mtu);
+        }
+        if inner.multi_seg_tx {
+            conf.txmode.offloads |= sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+        }
+        let inner_ref = &mut inner;
+        // SAFETY: valid port id and configuration; the port is stopped.
+        unsafe { sys::rte_eth_dev_configure(id, cfg.rx_queues, cfg.tx_queues, &conf) }
+            .check("rte_eth_dev_configure")?;
+        let (mut nrx, mut ntx) = (cfg.rx_desc, cfg.tx_desc);
+        // SAFETY: valid port id; both pointers are to locals.
+        unsafe { sys::rte_eth_dev_adjust_nb_rx_tx_desc(id, &mut nrx, &mut ntx) }
+            .check("rte_eth_dev_adjust_nb_rx_tx_desc")?;
+        // SAFETY: a plain query.
+        let socket = unsafe { sys::rte_eth_dev_socket_id(id) };
+        let socket = if socket < 0 { 0 } else { socket as u32 };
+        for q in 0..cfg.rx_queues {
+            // SAFETY: configured port, queue in range, pool alive (the port keeps
+            // a clone of it); a null conf means the driver's defaults.
+            unsafe {
+                sys::rte_eth_rx_queue_setup(id, q, nrx, socket, std::ptr::null(), pool.as_ptr())
+            }
+            .check("rte_eth_rx_queue_setup")?;
+        }
+        for q in 0..cfg.tx_queues {
+            // SAFETY: configured port, queue in range; null conf: defaults.
+            unsafe { sys::rte_eth_tx_queue_setup(id, q, ntx, socket, std::ptr::null()) }
+                .check("rte_eth_tx_queue_setup")?;
+        }
+        if cfg.promiscuous {
+            // Not every driver has it (memif does not need it); a refusal is fine.
+            // SAFETY: valid port id.
+            let _ = unsafe { sys::rte_eth_promiscuous_enable(id) };
+        }
+        // SAFETY: configured port with all queues set up.
+        unsafe { sys::rte_eth_dev_start(id) }.check("rte_eth_dev_start")?;
+        let mut mac = sys::rte_ether_addr::default();
+        // SAFETY: valid port; mac is writable.
+        unsafe { sys::rte_eth_macaddr_get(id, &mut mac) }.check("rte_eth_macaddr_get")?;
+        inner_ref.mac = mac.addr_bytes;
+        let mut mtu = 0u16;
+        // SAFETY: valid port; mtu is writable.
+        unsafe { sys::rte_eth_dev_get_mtu(id, &mut mtu) }.check("rte_eth_dev_get_mtu")?;
+        inner_ref.mtu = mtu;
+        Ok(Port(Arc::new(inner)))
+    }
+
+    /// DPDK's port id, for the raw bindings.
+    pub fn id(&self) -> u16 {
+        self.0.id
+    }
+
+    /// The device name (`net_memif0`, `0000:03:00.0`, ...).
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// The port's MAC address.
+    pub fn mac(&self) -> [u8; 6] {
+        self.0.mac
+    }
+
+    /// The MTU in force.
+    pub fn mtu(&self) -> u16 {
+        self.0.mtu
+    }
+
+    /// Whether the port transmits chained (multi-segment) mbufs, which
+    /// zero-copy sends from [`ExtBuf`](crate::ExtBuf) need.
+    pub fn multi_seg_tx(&self) -> bool {
+        self.0.multi_seg_tx
+    }
+
+    /// The link state now.
+    pub fn link(&self) -> LinkStatus {
+        let mut link = sys::rte_eth_link::default();
+        // SAFETY: valid port; link is writable.
+        if unsafe { sys::rte_eth_link_get_nowait(self.0.id, &mut link) } != 0 {
+            return LinkStatus::default();
+        }
+        let l = link;
+        LinkStatus {
+            up: l.link_status() != 0,
+            speed_mbps: l.link_speed,
+            full_duplex: l.link_duplex() != 0,
+        }
+    }
+
+    /// Waits until the link is up, or fails after `timeout`.
+    pub fn wait_link(&self, timeout: Duration) -> Result<LinkStatus> {
+        let start = Instant::now();
+        loop {
+            let l = self.link();
+            if l.up {
+                return Ok(l);
+            }
+            if start.elapsed() >= timeout {
+                return Err(Error::LinkTimeout {
+                    port: self.0.id,
+                    timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The port's counters.
+    pub fn stats(&self) -> Result<PortStats> {
+        let mut s = sys::rte_eth_stats::default();
+        // SAFETY: valid port; s is writable.
+        unsafe { sys::rte_eth_stats_get(self.0.id, &mut s) }.check("rte_eth_stats_get")?;
+        Ok(PortStats {
+            rx_packets: s.ipackets,
+            tx_packets: s.opackets,
+            rx_bytes: s.ibytes,
+            tx_bytes: s.obytes,
+            rx_missed: s.imissed,
+            rx_errors: s.ierrors,
+            tx_errors: s.oerrors,
+            rx_no_mbuf: s.rx_nombuf,
+        })
+    }
+
+    /// Hands out receive queue `queue`, once.
+    pub fn rx_queue(&self, queue: u16) -> Result<RxQueue> {
+        take(&self.0.rx_taken, self.0.id, queue)?;
+        Ok(RxQueue {
+            port: self.0.clone(),
+            port_id: self.0.id,
+            queue,
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// Hands out transmit queue `queue`, once.
+    pub fn tx_queue(&self, queue: u16) -> Result<TxQueue> {
+        take(&self.0.tx_taken, self.0.id, queue)?;
+        Ok(TxQueue {
+            port: self.0.clone(),
+            port_id: self.0.id,
+            queue,
+            _not_sync: PhantomData,
+        })
+    }
+}
+
+fn take(flags: &[AtomicBool], port: u16, queue: u16) -> Result<()> {
+    let flag = flags.get(usize::from(queue)).ok_or(Error::Queue {
+        port,
+        queue,
+        why: "no such queue",
+    })?;
+    if flag.swap(true, Ordering::AcqRel) {
+        return Err(Error::Queue {
+            port,
+            queue,
+            why: "already taken by another owner",
+        });
+    }
+    Ok(())
+}
+
+impl Drop for PortInner {
+    fn drop(&mut self) {
+        // SAFETY: no queue handle is left (each holds an Arc of this), so no
+        // thread is in rx/tx burst; stop before close, close before remove.
+        unsafe {
+            sys::rte_eth_dev_stop(self.id);
+            sys::rte_eth_dev_close(self.id);
+            if let Some(dev) = self.hotplugged {
+                sys::rte_dev_remove(dev);
+            }
+        }
+    }
+}
+
+/// A receive queue of a [`Port`]: `Send` but not `Sync`, so exactly one thread
+/// polls it at a time.
+pub struct RxQueue {
+    port: Arc<PortInner>,
+    port_id: u16,
+    queue: u16,
+    _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+impl RxQueue {
+    /// Receives up to the burst's free room; returns how many arrived.
+    #[inline]
+    pub fn rx_burst<const N: usize>(&mut self, burst: &mut Burst<N>) -> usize {
+        let (ptr, room) = burst.spare();
+        // SAFETY: this queue is owned by self alone; ptr has `room` free slots,
+        // and the driver writes at most that many owned mbufs into them.
+        let n = unsafe { sys::rte_eth_rx_burst(self.port_id, self.queue, ptr, room as u16) };
+        // SAFETY: the driver filled n slots with mbufs it handed over.
+        unsafe { burst.filled(usize::from(n)) };
+        usize::from(n)
+    }
+
+    /// The port this queue belongs to.
+    pub fn port_id(&self) -> u16 {
+        self.port.id
+    }
+
+    /// The queue's index.
+    pub fn queue_id(&self) -> u16 {
+        self.queue
+    }
+}
+
+/// A transmit queue of a [`Port`]: `Send` but not `Sync`.
+pub struct TxQueue {
+    port: Arc<PortInner>,
+    port_id: u16,
+    queue: u16,
+    _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+impl TxQueue {
+    /// Transmits from the front of the burst; the frames the driver took are
+    /// removed, those it refused stay (at the front) for a later try.
+    #[inline]
+    pub fn tx_burst<const N: usize>(&mut self, burst: &mut Burst<N>) -> usize {
+        let (ptr, len) = burst.raw();
+        // SAFETY: this queue is owned by self alone; ptr holds len owned mbufs.
+        let n = unsafe { sys::rte_eth_tx_burst(self.port_id, self.queue, ptr, len as u16) };
+        // SAFETY: the driver now owns the first n mbufs.
+        unsafe { burst.consumed(usize::from(n)) };
+        usize::from(n)
+    }
+
+    /// Transmits one frame, or hands it back when the queue is full.
+    #[inline]
+    pub fn tx_one(&mut self, m: Mbuf) -> std::result::Result<(), Mbuf> {
+        let mut raw = m.into_raw().as_ptr();
+        // SAFETY: this queue is owned by self alone; one owned mbuf.
+        let n = unsafe { sys::rte_eth_tx_burst(self.port_id, self.queue, &mut raw, 1) };
+        if n == 1 {
+            Ok(())
+        } else {
+            // SAFETY: the driver did not take it; ownership comes back.
+            Err(unsafe { Mbuf::from_raw(std::ptr::NonNull::new_unchecked(raw)) })
+        }
+    }
+
+    /// The port this queue belongs to.
+    pub fn port_id(&self) -> u16 {
+        self.port.id
+    }
+
+    /// The queue's index.
+    pub fn queue_id(&self) -> u16 {
+        self.queue
+    }
+}
+
+fn port_by_name(name: &str) -> Option<u16> {
+    let cname = CString::new(name).ok()?;
+    let mut id = 0u16;
+    // SAFETY: valid string and out-pointer.
+    (unsafe { sys::rte_eth_dev_get_port_by_name(cname.as_ptr(), &mut id) } == 0).then_some(id)
+}
+
+fn port_name(id: u16) -> String {
+    let mut buf = [0 as c_char; 64];
+    // SAFETY: buf is larger than RTE_ETH_NAME_MAX_LEN; the call NUL-terminates.
+    if unsafe { sys::rte_eth_dev_get_name_by_port(id, buf.as_mut_ptr()) } != 0 {
+        return format!("port{id}");
+    }
+    // SAFETY: NUL-terminated by the call above.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `net_memif0` -> `net_memif`: the driver a vdev name asks for.
+fn driver_name(name: &str) -> &str {
+    name.trim_end_matches(|c: char| c.is_ascii_digit())
+}
+
+/// True when `name` is a virtual device whose driver the EAL has not loaded.
+/// Drivers live as `librte_<name without the bus prefix>` in the PMD directory
+/// when DPDK is linked shared.
+fn driver_missing(name: &str) -> bool {
+    let looks_vdev =
+        name.starts_with("net_") || name.starts_with("crypto_") || name.starts_with("event_");
+    if !looks_vdev {
+        return false;
+    }
+    let driver = driver_name(name);
+    !KNOWN_VDEV_DRIVERS.contains(&driver)
+        && !pmd_dirs()
+            .iter()
+            .any(|dir| dir.join(format!("librte_{driver}.so")).exists())
+}
+
+/// Drivers that a static build links in (see build.rs).
+const KNOWN_VDEV_DRIVERS: &[&str] = &["net_memif", "net_ring", "net_af_packet"];
+
+fn pmd_dirs() -> Vec<std::path::PathBuf> {
+    let mut dirs = Vec::new();
+    for base in [
+        "/usr/lib/x86_64-linux-gnu/dpdk",
+        "/usr/lib/aarch64-linux-gnu/dpdk",
+        "/usr/local/lib/dpdk",
+        "/usr/lib64/dpdk",
+    ] {
+        if let Ok(rd) = std::fs::read_dir(base) {
+            dirs.extend(rd.flatten().map(|e| e.path()));
+        }
+    }
+    dirs
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub(crate) fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}

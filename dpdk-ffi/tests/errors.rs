@@ -1,0 +1,104 @@
+//! User errors come back as typed errors with clear messages, never a crash.
+
+mod common;
+
+use common::*;
+use dpdk_ffi::{Eal, Error, HugepageMode, Mbuf, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
+
+#[test]
+fn bad_devargs_is_a_devargs_error() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "e1", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let devargs = format!("net_memif0,role=bogus,socket={}", socket("bad"));
+    let err = Port::from_devargs(&eal, &devargs, &PortConfig::default(), &pool).unwrap_err();
+    assert!(
+        matches!(&err, Error::Devargs { devargs: d, .. } if *d == devargs),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("bad device arguments"), "{err}");
+}
+
+#[test]
+fn missing_driver_is_named() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "e2", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let err =
+        Port::from_devargs(&eal, "net_nosuchpmd0,x=1", &PortConfig::default(), &pool).unwrap_err();
+    assert!(
+        matches!(&err, Error::NoDriver { driver, .. } if driver == "net_nosuchpmd"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("net_nosuchpmd"), "{err}");
+}
+
+#[test]
+fn unknown_port_id() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "e3", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let err = Port::open(&eal, 17, &PortConfig::default(), &pool).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::UnknownPort {
+                port: 17,
+                available: 0
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn second_eal_start_is_refused() {
+    let _eal = eal(HugepageMode::Never);
+    let err = Eal::builder()
+        .hugepages(HugepageMode::Never)
+        .init()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::EalAlreadyStarted("started")),
+        "{err:?}"
+    );
+    assert!(Eal::is_running());
+}
+
+#[test]
+fn exhausted_mempool() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "tiny", 63, 0, DEFAULT_DATA_ROOM).unwrap();
+    let held: Vec<Mbuf> = (0..63).map(|_| Mbuf::alloc(&pool).unwrap()).collect();
+    assert_eq!(pool.in_use(), 63);
+    let err = Mbuf::alloc(&pool).unwrap_err();
+    assert!(
+        matches!(&err, Error::MempoolExhausted { pool, size: 63 } if pool == "tiny"),
+        "{err:?}"
+    );
+    drop(held);
+    assert_eq!(pool.available(), 63);
+    Mbuf::alloc(&pool).unwrap();
+}
+
+#[test]
+fn queue_taken_once_and_bounds() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "e4", 1023, 0, DEFAULT_DATA_ROOM).unwrap();
+    let (a, _b) = memif_pair(&eal, &pool, None);
+    let q = a.rx_queue(0).unwrap();
+    assert!(matches!(a.rx_queue(0), Err(Error::Queue { queue: 0, .. })));
+    assert!(matches!(a.tx_queue(5), Err(Error::Queue { queue: 5, .. })));
+    drop(q);
+    let err = Port::from_devargs(
+        &eal,
+        &format!("net_memif2,role=server,socket={}", socket("mtu")),
+        &PortConfig {
+            mtu: Some(9000),
+            ..PortConfig::default()
+        },
+        &pool,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::Config(_)),
+        "a 9000 MTU needs bigger buffers or scatter: {err:?}"
+    );
+}

@@ -1,0 +1,89 @@
+//! Mbuf data access is bounds-checked; chains read back in order; threads that
+//! DPDK did not start can register, use mempool caches and unregister cleanly.
+
+mod common;
+
+use common::*;
+use dpdk_ffi::{Burst, Error, HugepageMode, Mbuf, Mempool, ThreadRegistration, DEFAULT_DATA_ROOM};
+
+#[test]
+fn bounds_and_chains() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "mb", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let mut m = Mbuf::alloc(&pool).unwrap();
+    let room = m.tailroom();
+    assert!(matches!(m.append(room + 1), Err(Error::NoRoom { .. })));
+    m.extend_from_slice(b"world").unwrap();
+    m.prepend(6).unwrap().copy_from_slice(b"hello ");
+    assert_eq!(m.data(), b"hello world");
+    assert!(matches!(m.prepend(1 << 20), Err(Error::NoRoom { .. })));
+    let mut tail = Mbuf::alloc(&pool).unwrap();
+    tail.extend_from_slice(b", again").unwrap();
+    m.chain(tail).unwrap();
+    assert_eq!((m.nb_segs(), m.pkt_len()), (2, 18));
+    assert_eq!(m.to_vec(), b"hello world, again");
+    let mut out = [0u8; 8];
+    m.read(9, &mut out).unwrap();
+    assert_eq!(&out, b"ld, agai");
+    assert!(matches!(
+        m.read(11, &mut out),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        m.read(usize::MAX, &mut out),
+        Err(Error::OutOfBounds { .. })
+    ));
+    m.adj(6).unwrap();
+    m.trim(2).unwrap();
+    assert_eq!(m.to_vec(), b"world, aga");
+    assert!(m.adj(100).is_err());
+    drop(m);
+    assert_eq!(pool.in_use(), 0, "a chain frees every segment");
+
+    let mut burst: Burst<8> = Burst::new();
+    assert_eq!(burst.alloc_fill(&pool).unwrap(), 8);
+    assert_eq!(pool.in_use(), 8);
+    assert!(
+        burst.push(Mbuf::alloc(&pool).unwrap()).is_err(),
+        "full burst hands the mbuf back"
+    );
+    drop(burst);
+    assert_eq!(pool.in_use(), 0, "a burst frees what it holds");
+}
+
+#[test]
+fn registered_threads_get_caches_and_flush_them() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "thr", 1023, 64, DEFAULT_DATA_ROOM).unwrap();
+    let lcores: Vec<u32> = std::thread::scope(|s| {
+        (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let reg = ThreadRegistration::register(&eal).unwrap();
+                    assert_ne!(reg.lcore_id(), u32::MAX);
+                    // Churn through the per-lcore cache.
+                    for _ in 0..1000 {
+                        let burst: Vec<Mbuf> =
+                            (0..16).map(|_| Mbuf::alloc(&pool).unwrap()).collect();
+                        drop(burst);
+                    }
+                    let id = reg.lcore_id();
+                    drop(reg);
+                    id
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert!(
+        lcores.iter().all(|&l| l != 0),
+        "worker threads get their own lcore ids: {lcores:?}"
+    );
+    // Unregistering flushed the caches: every mbuf is back in the pool proper,
+    // so the pool can be emptied in one go from this thread.
+    assert_eq!(pool.in_use(), 0);
+    let all: Vec<Mbuf> = (0..1023).map(|_| Mbuf::alloc(&pool).unwrap()).collect();
+    assert_eq!(all.len(), 1023);
+}

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The main job: setup, then the benchmark on the built-in default link (a
+# memif pair in one process: no NIC, no hugepages needed). Extra arguments go
+# to emx-bench (see `emx-bench --help`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cargo run --release --quiet -p emx-bench -- "$@"

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Installs what emx needs to build, test and benchmark on Debian or Ubuntu, and
+# reserves hugepages when it can (nothing requires them). Idempotent: silent
+# when everything is already there. Needs root for apt-get and hugepages (it
+# uses sudo when it is not root and sudo exists).
+set -euo pipefail
+
+# Debian packages: DPDK 22.11+ and its drivers (memif, af_packet, tap, ring, ...),
+# what bindgen and the C shim need, iproute2 for the namespace tests and testbed.
+PACKAGES=(libdpdk-dev dpdk pkg-config clang libclang-dev gcc libc6-dev iproute2 procps)
+HUGEPAGES=${EMX_HUGEPAGES:-512}   # 2 MiB pages to reserve; 0 to skip
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else return 1; fi
+}
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null; then
+    say "missing ${missing[*]}, and this is not a Debian/Ubuntu system: install DPDK >= 22.11 (pkg-config libdpdk), clang and libclang by hand"
+    exit 1
+  fi
+  say "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -qq >/dev/null || { say "apt-get update failed (run as root?)"; exit 1; }
+  as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || { say "apt-get install ${missing[*]} failed"; exit 1; }
+fi
+
+if ! pkg-config --atleast-version=22.11 libdpdk 2>/dev/null; then
+  say "pkg-config finds no DPDK >= 22.11 (found: $(pkg-config --modversion libdpdk 2>/dev/null || echo none))"
+  exit 1
+fi
+
+if ! command -v cargo >/dev/null; then
+  say "cargo not found: install Rust (https://rustup.rs) and run this again"
+  exit 1
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  say "installing cargo-nextest (the test runner: one process per test, as DPDK needs)"
+  cargo install --locked --quiet cargo-nextest
+fi
+
+# Hugepages: best effort. Without them everything runs with --no-huge.
+nr=/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages
+if [ "$HUGEPAGES" -gt 0 ] && [ -e "$nr" ]; then
+  if [ "$(cat "$nr")" -lt "$HUGEPAGES" ]; then
+    echo "$HUGEPAGES" | as_root tee "$nr" >/dev/null 2>&1 || true
+    [ "$(cat "$nr")" -ge "$HUGEPAGES" ] \
+      || say "reserved $(cat "$nr") of $HUGEPAGES hugepages; emx runs without them (--no-huge) where short"
+  fi
+  if ! grep -q ' hugetlbfs ' /proc/mounts; then
+    { as_root mkdir -p /dev/hugepages && as_root mount -t hugetlbfs nodev /dev/hugepages; } >/dev/null 2>&1 \
+      || say "could not mount hugetlbfs on /dev/hugepages; emx runs without hugepages (--no-huge)"
+  fi
+fi
+exit 0
