@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo nextest run --workspace "$@"
-cargo test --workspace --doc --quiet
+cargo nextest run --workspace --all-features "$@"
+cargo test --workspace --all-features --doc --quiet

@@ -420,6 +420,30 @@ impl RxQueue {
         usize::from(n)
     }
 
+    /// Receives up to `max` frames, appended to `out` without growing it past
+    /// its capacity (reserve once, and the fast path never allocates).
+    #[inline]
+    pub fn rx_into(&mut self, out: &mut Vec<Mbuf>, max: usize) -> usize {
+        let room = (out.capacity() - out.len())
+            .min(max)
+            .min(usize::from(u16::MAX));
+        let spare = out.spare_capacity_mut();
+        // SAFETY: Mbuf is repr(transparent) over the mbuf pointer, so the spare
+        // capacity is an array of `room` writable pointer slots; this queue is
+        // owned by self alone.
+        let n = unsafe {
+            sys::rte_eth_rx_burst(
+                self.port_id,
+                self.queue,
+                spare.as_mut_ptr() as *mut *mut sys::rte_mbuf,
+                room as u16,
+            )
+        };
+        // SAFETY: the driver initialised n slots with mbufs it handed over.
+        unsafe { out.set_len(out.len() + usize::from(n)) };
+        usize::from(n)
+    }
+
     /// The port this queue belongs to.
     pub fn port_id(&self) -> u16 {
         self.port.id
@@ -450,6 +474,33 @@ impl TxQueue {
         // SAFETY: the driver now owns the first n mbufs.
         unsafe { burst.consumed(usize::from(n)) };
         usize::from(n)
+    }
+
+    /// Transmits from the front of `frames`; those the driver took are removed,
+    /// the rest move to the front for a later try.
+    #[inline]
+    pub fn tx_from(&mut self, frames: &mut Vec<Mbuf>) -> usize {
+        let len = frames.len().min(usize::from(u16::MAX));
+        // SAFETY: Mbuf is repr(transparent) over the pointer; frames holds len
+        // owned mbufs; this queue is owned by self alone.
+        let n = usize::from(unsafe {
+            sys::rte_eth_tx_burst(
+                self.port_id,
+                self.queue,
+                frames.as_mut_ptr() as *mut *mut sys::rte_mbuf,
+                len as u16,
+            )
+        });
+        // SAFETY: the driver owns the first n now: forget them (set_len before
+        // moving, so a panic cannot double-free), then close the gap.
+        unsafe {
+            let rest = frames.len() - n;
+            let p = frames.as_mut_ptr();
+            frames.set_len(0);
+            std::ptr::copy(p.add(n), p, rest);
+            frames.set_len(rest);
+        }
+        n
     }
 
     /// Transmits one frame, or hands it back when the queue is full.

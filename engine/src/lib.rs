@@ -5,3 +5,6 @@
 //! I/O seam, and the runtime with its public API.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+
+#[cfg(feature = "runtime")]
+pub mod io;

@@ -1,0 +1,171 @@
+//! The seam over one DPDK port queue pair.
+
+use dpdk_ffi::{Mbuf, Mempool, Port, RxQueue, TxQueue};
+
+use super::{Frame, IoError, IoStats, Mac, PacketIo, Payload};
+
+/// Registered payloads shorter than this are copied: attaching an external
+/// buffer costs a second mbuf and a chained descriptor, more than copying a
+/// few hundred bytes.
+pub const ZERO_COPY_MIN: usize = 256;
+
+impl Frame for Mbuf {
+    fn len(&self) -> usize {
+        self.pkt_len()
+    }
+    fn contiguous(&self) -> Option<&[u8]> {
+        (self.nb_segs() == 1).then(|| self.data())
+    }
+    fn copy_to(&self, out: &mut Vec<u8>) {
+        out.clear();
+        for seg in self.segments() {
+            out.extend_from_slice(seg);
+        }
+    }
+    fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        if self.nb_segs() != 1 {
+            return None;
+        }
+        self.data_mut().ok()
+    }
+}
+
+/// One rx/tx queue pair of a started [`Port`], with the pool that transmit
+/// frames come from. Owned by the polling thread that drives it.
+pub struct DpdkIo {
+    rx: RxQueue,
+    tx: TxQueue,
+    pool: Mempool,
+    mac: Mac,
+    max_frame: usize,
+    zero_copy: bool,
+    stats: IoStats,
+}
+
+impl DpdkIo {
+    /// Takes queue `queue` (rx and tx) of `port`; transmit frames come from `pool`.
+    pub fn new(port: &Port, queue: u16, pool: &Mempool) -> Result<DpdkIo, IoError> {
+        Ok(DpdkIo {
+            rx: port.rx_queue(queue)?,
+            tx: port.tx_queue(queue)?,
+            pool: pool.clone(),
+            mac: port.mac(),
+            max_frame: usize::from(port.mtu()) + 14,
+            zero_copy: port.multi_seg_tx(),
+            stats: IoStats::default(),
+        })
+    }
+
+    /// Whether registered payloads are attached without a copy (the port
+    /// transmits chained mbufs).
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    fn segment(&self) -> Result<Mbuf, IoError> {
+        Mbuf::alloc(&self.pool).map_err(|e| IoError::NoBuffer(e.to_string()))
+    }
+
+    /// Copies `bytes` to the end of the frame, adding segments when the last
+    /// one is full.
+    fn append_copy(&mut self, frame: &mut Mbuf, mut bytes: &[u8]) -> Result<(), IoError> {
+        while !bytes.is_empty() {
+            let room = frame.tailroom();
+            if room == 0 {
+                let seg = self.segment()?;
+                frame.chain(seg).map_err(|(e, _)| e)?;
+                continue;
+            }
+            let n = room.min(bytes.len());
+            frame.append(n)?.copy_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+        }
+        Ok(())
+    }
+}
+
+impl PacketIo for DpdkIo {
+    type Frame = Mbuf;
+
+    #[inline]
+    fn recv(&mut self, out: &mut Vec<Mbuf>, max: usize) -> usize {
+        let start = out.len();
+        let n = self.rx.rx_into(out, max);
+        self.stats.rx_frames += n as u64;
+        self.stats.rx_bytes += out[start..].iter().map(|m| m.pkt_len() as u64).sum::<u64>();
+        n
+    }
+
+    #[inline]
+    fn send(&mut self, frames: &mut Vec<Mbuf>) -> usize {
+        let bytes: u64 = frames.iter().map(|m| m.pkt_len() as u64).sum();
+        let total = frames.len();
+        let n = self.tx.tx_from(frames);
+        if n < total {
+            self.stats.tx_full += 1;
+        }
+        // What is left in `frames` did not go.
+        let left: u64 = frames.iter().map(|m| m.pkt_len() as u64).sum();
+        self.stats.tx_frames += n as u64;
+        self.stats.tx_bytes += bytes - left;
+        n
+    }
+
+    fn alloc(&mut self) -> Result<Mbuf, IoError> {
+        self.segment()
+    }
+
+    fn put<'f>(&mut self, frame: &'f mut Mbuf, len: usize) -> Result<&'f mut [u8], IoError> {
+        let wanted = frame.pkt_len() + len;
+        if wanted > self.max_frame {
+            return Err(IoError::TooLong {
+                wanted,
+                max: self.max_frame,
+            });
+        }
+        Ok(frame.append(len)?)
+    }
+
+    fn attach(&mut self, frame: &mut Mbuf, payload: Payload<'_>) -> Result<(), IoError> {
+        let wanted = frame.pkt_len() + payload.len();
+        if wanted > self.max_frame {
+            return Err(IoError::TooLong {
+                wanted,
+                max: self.max_frame,
+            });
+        }
+        match payload {
+            Payload::Registered { buf, offset, len } if self.zero_copy && len >= ZERO_COPY_MIN => {
+                let mut seg = self.segment()?;
+                buf.attach(&mut seg, offset, len)?;
+                frame.chain(seg).map_err(|(e, _)| e)?;
+                self.stats.payload_attached += len as u64;
+            }
+            p => {
+                self.append_copy(frame, p.bytes())?;
+                self.stats.payload_copied += p.len() as u64;
+            }
+        }
+        Ok(())
+    }
+
+    fn duplicate(&mut self, frame: &Mbuf) -> Option<Mbuf> {
+        let mut copy = self.segment().ok()?;
+        for seg in frame.segments() {
+            self.append_copy(&mut copy, seg).ok()?;
+        }
+        Some(copy)
+    }
+
+    fn mac(&self) -> Mac {
+        self.mac
+    }
+
+    fn max_frame(&self) -> usize {
+        self.max_frame
+    }
+
+    fn stats(&self) -> IoStats {
+        self.stats
+    }
+}

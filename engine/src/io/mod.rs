@@ -1,0 +1,169 @@
+//! The packet I/O seam: "receive a burst of frames, transmit a burst of
+//! frames", and nothing else. The runtime drives the protocol core through it;
+//! what is on the other side is a DPDK port queue ([`DpdkIo`]), an in-memory
+//! network for tests ([`MemNetwork`]), or one of the wrappers that go around
+//! either: [`Faulty`] (seeded drop, duplicate, reorder, corrupt, delay,
+//! adjustable while running) and [`PcapRecorder`] (every frame to a pcap file).
+//!
+//! The seam owns frame memory: it hands out empty frames to build, takes them
+//! back to send, and hands received frames out to be read and dropped. Headers
+//! are written in place ([`PacketIo::put`]); payloads are attached
+//! ([`PacketIo::attach`]), with no copy where the link can point a frame at
+//! registered memory. Bursts live in `Vec`s the caller reserves once, so the
+//! fast path never allocates.
+//!
+//! This module must not know the protocol: it moves bytes.
+
+mod dpdk;
+mod fault;
+mod mem;
+mod pcap;
+
+pub use dpdk::DpdkIo;
+pub use fault::{FaultConfig, FaultHandle, Faulty};
+pub use mem::{MemFrame, MemIo, MemNetwork};
+pub use pcap::PcapRecorder;
+
+use dpdk_ffi::ExtBuf;
+
+/// Ethernet MAC address.
+pub type Mac = [u8; 6];
+
+/// What went wrong at the seam.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IoError {
+    /// No frame buffer is free (the mempool is exhausted).
+    #[error("no free frame buffer: {0}")]
+    NoBuffer(String),
+    /// The frame would exceed the link's maximum frame size.
+    #[error("frame of {wanted} bytes exceeds the link's maximum of {max}")]
+    TooLong {
+        /// Bytes the frame would have.
+        wanted: usize,
+        /// The link's maximum frame size.
+        max: usize,
+    },
+    /// A DPDK call failed.
+    #[error(transparent)]
+    Dpdk(#[from] dpdk_ffi::Error),
+    /// Writing a capture failed.
+    #[error("pcap capture: {0}")]
+    Capture(#[from] std::io::Error),
+}
+
+/// Where a frame's payload comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Payload<'a> {
+    /// Bytes copied into the frame.
+    Copy(&'a [u8]),
+    /// A slice of registered memory: attached without a copy where the link
+    /// can (DPDK external buffers), copied otherwise. The buffer cannot be
+    /// written while frames refer to it.
+    Registered {
+        /// The registered buffer.
+        buf: &'a ExtBuf,
+        /// Start of the slice in the buffer.
+        offset: usize,
+        /// Length of the slice.
+        len: usize,
+    },
+}
+
+impl Payload<'_> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Copy(b) => b.len(),
+            Payload::Registered { len, .. } => *len,
+        }
+    }
+
+    /// True for an empty payload.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes, wherever they live.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Copy(b) => b,
+            Payload::Registered { buf, offset, len } => &buf.as_slice()[*offset..*offset + *len],
+        }
+    }
+}
+
+/// A frame the seam handed out: received, or being built to send.
+pub trait Frame {
+    /// Bytes in the whole frame.
+    fn len(&self) -> usize;
+    /// True for an empty frame.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The frame's bytes when they are contiguous (one segment), which is what
+    /// received frames normally are.
+    fn contiguous(&self) -> Option<&[u8]>;
+    /// Copies the whole frame into `out` (cleared first), across segments.
+    fn copy_to(&self, out: &mut Vec<u8>);
+    /// The bytes to modify in place, when the frame owns them (one direct
+    /// segment); used to corrupt frames on purpose.
+    fn bytes_mut(&mut self) -> Option<&mut [u8]>;
+}
+
+/// Counters kept by every seam implementation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Frames received.
+    pub rx_frames: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Frames the link accepted for transmission.
+    pub tx_frames: u64,
+    /// Bytes the link accepted for transmission.
+    pub tx_bytes: u64,
+    /// Transmit attempts that found the link full (frames left for a retry).
+    pub tx_full: u64,
+    /// Payload bytes copied into frames.
+    pub payload_copied: u64,
+    /// Payload bytes attached from registered memory without a copy.
+    pub payload_attached: u64,
+}
+
+/// Burst-oriented packet I/O: the one seam between the engine and a link.
+pub trait PacketIo {
+    /// The frame type of this link.
+    type Frame: Frame;
+
+    /// Receives up to `max` frames, appended to `out` (never growing it past
+    /// its capacity). Returns how many arrived.
+    fn recv(&mut self, out: &mut Vec<Self::Frame>, max: usize) -> usize;
+
+    /// Transmits from the front of `frames`. Frames the link took are removed;
+    /// the rest stay at the front for a later call. Returns how many it took.
+    fn send(&mut self, frames: &mut Vec<Self::Frame>) -> usize;
+
+    /// A new, empty frame to build.
+    fn alloc(&mut self) -> Result<Self::Frame, IoError>;
+
+    /// Appends `len` writable bytes to the frame (where a header is written in
+    /// place) and returns them.
+    fn put<'f>(&mut self, frame: &'f mut Self::Frame, len: usize) -> Result<&'f mut [u8], IoError>;
+
+    /// Appends a payload to the frame: attached with no copy where the link
+    /// can, copied otherwise.
+    fn attach(&mut self, frame: &mut Self::Frame, payload: Payload<'_>) -> Result<(), IoError>;
+
+    /// A copy of a frame (for duplication on purpose), or `None` when no
+    /// buffer is free.
+    fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame>;
+
+    /// The link's MAC address.
+    fn mac(&self) -> Mac;
+
+    /// Largest frame in bytes, Ethernet header included (MTU + 14).
+    fn max_frame(&self) -> usize;
+
+    /// The counters.
+    fn stats(&self) -> IoStats;
+}
