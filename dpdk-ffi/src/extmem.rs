@@ -165,6 +165,49 @@ impl ExtMem {
         self.0.hugepages
     }
 
+    /// Lends the first free range of `len` bytes starting at a multiple of
+    /// `align` (a power of two; 64 keeps buffers on their own cache lines).
+    /// Fails when no gap is large enough.
+    pub fn alloc(&self, len: usize, align: usize) -> Result<ExtBuf> {
+        if len == 0 || !align.is_power_of_two() {
+            return Err(Error::ExtMem(
+                "allocation must be non-empty, aligned to a power of two",
+            ));
+        }
+        let offset = {
+            let lent = self.0.lent.lock().unwrap_or_else(|e| e.into_inner());
+            let mut at = 0usize;
+            let mut found = None;
+            for (&start, &end) in lent.iter() {
+                if start >= at && start - at >= len {
+                    found = Some(at);
+                    break;
+                }
+                at = end.next_multiple_of(align);
+            }
+            match found
+                .or_else(|| (at.checked_add(len).is_some_and(|e| e <= self.0.len)).then_some(at))
+            {
+                Some(o) => o,
+                None => return Err(Error::ExtMem("no free range of that size in the region")),
+            }
+        };
+        // Another thread may take the gap between the lock above and this
+        // call; the overlap check in buffer_with then refuses it.
+        self.buffer(offset, len)
+    }
+
+    /// Bytes lent out now.
+    pub fn lent_bytes(&self) -> usize {
+        self.0
+            .lent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(s, e)| e - s)
+            .sum()
+    }
+
     /// Lends `offset..offset + len` as a buffer. Fails when the range is out
     /// of the region or overlaps a buffer still lent out.
     pub fn buffer(&self, offset: usize, len: usize) -> Result<ExtBuf> {
@@ -317,6 +360,29 @@ impl ExtBuf {
         // SAFETY: lent to this buffer alone, no mbuf refers to it, and &mut
         // self excludes any other borrow.
         Some(unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) })
+    }
+
+    /// Bytes from `offset` (within this buffer) that are contiguous in IO
+    /// address space, up to the buffer's end: the most one mbuf can carry from
+    /// there. Always the rest of the buffer when IOVA is VA; up to a page
+    /// boundary (or further, where the pages are physically adjacent) with
+    /// physical addresses.
+    pub fn contiguous_len(&self, offset: usize) -> usize {
+        if offset >= self.len {
+            return 0;
+        }
+        let region = self.region();
+        let at = self.offset + offset;
+        let end = self.offset + self.len;
+        let mut page = at / region.page_size;
+        let mut run_end = (page + 1) * region.page_size;
+        while run_end < end
+            && region.iovas[page + 1] == region.iovas[page] + region.page_size as u64
+        {
+            page += 1;
+            run_end += region.page_size;
+        }
+        run_end.min(end) - at
     }
 
     /// Attaches `offset..offset + len` of this buffer to `mbuf` (fresh from a

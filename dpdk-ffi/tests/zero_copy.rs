@@ -129,3 +129,45 @@ fn extbuf_released_after_transmission_when_owner_lets_go_first() {
         "released once the driver freed the frame"
     );
 }
+
+#[test]
+fn buffers_split_where_io_addresses_are_not_contiguous() {
+    let eal = eal(HugepageMode::Auto);
+    let pool = Mempool::new(&eal, "zc3", 1023, 0, DEFAULT_DATA_ROOM).unwrap();
+    let region = ExtMem::new(&eal, 8 << 20).unwrap();
+    // Allocation is first fit and aligned; lent ranges never overlap.
+    let a = region.alloc(100, 64).unwrap();
+    let b = region.alloc(5 << 20, 64).unwrap();
+    assert_eq!((a.offset(), b.offset()), (0, 128));
+    assert!(region.alloc(4 << 20, 64).is_err(), "no gap is that large");
+    assert_eq!(region.lent_bytes(), 100 + (5 << 20));
+    // Walking a buffer by contiguous runs covers it exactly, and each run can
+    // be attached on its own (a run never crosses a discontinuity).
+    let (mut at, mut runs) = (0, 0);
+    while at < b.len() {
+        let n = b.contiguous_len(at);
+        assert!(n > 0);
+        let n = n.min(60_000);
+        let mut m = Mbuf::alloc(&pool).unwrap();
+        b.attach(&mut m, at, n).unwrap();
+        at += n;
+        runs += 1;
+    }
+    assert_eq!(at, b.len());
+    assert!(runs >= (5 << 20) / 60_000);
+    assert_eq!(b.contiguous_len(b.len()), 0);
+    if !eal.iova_is_va() && region.is_hugepages() {
+        // Physical addresses: a run ends at a page boundary unless the next
+        // page happens to follow it physically.
+        let to_boundary = region.page_size() - (b.offset() % region.page_size());
+        assert!(b.contiguous_len(0) >= to_boundary);
+    } else if eal.iova_is_va() {
+        assert_eq!(
+            b.contiguous_len(0),
+            b.len(),
+            "virtual addresses are contiguous"
+        );
+    }
+    drop((a, b));
+    assert_eq!(region.lent_bytes(), 0);
+}

@@ -126,6 +126,15 @@ impl PacketIo for DpdkIo {
         Ok(frame.append(len)?)
     }
 
+    fn truncate(&mut self, frame: &mut Mbuf, len: usize) {
+        // Frames are built as one segment up to the header, so only the last
+        // segment ever needs trimming here.
+        let excess = frame.pkt_len().saturating_sub(len);
+        if excess > 0 {
+            let _ = frame.trim(excess);
+        }
+    }
+
     fn attach(&mut self, frame: &mut Mbuf, payload: Payload<'_>) -> Result<(), IoError> {
         let wanted = frame.pkt_len() + payload.len();
         if wanted > self.max_frame {
@@ -136,9 +145,16 @@ impl PacketIo for DpdkIo {
         }
         match payload {
             Payload::Registered { buf, offset, len } if self.zero_copy && len >= ZERO_COPY_MIN => {
-                let mut seg = self.segment()?;
-                buf.attach(&mut seg, offset, len)?;
-                frame.chain(seg).map_err(|(e, _)| e)?;
+                // One segment per run that is contiguous in IO address space
+                // (with physical addresses a page boundary may split a payload).
+                let (mut at, end) = (offset, offset + len);
+                while at < end {
+                    let n = buf.contiguous_len(at).min(end - at);
+                    let mut seg = self.segment()?;
+                    buf.attach(&mut seg, at, n)?;
+                    frame.chain(seg).map_err(|(e, _)| e)?;
+                    at += n;
+                }
                 self.stats.payload_attached += len as u64;
             }
             p => {

@@ -237,6 +237,9 @@ impl<L: PacketIo> PacketIo for Faulty<L> {
     fn put<'f>(&mut self, frame: &'f mut L::Frame, len: usize) -> Result<&'f mut [u8], IoError> {
         self.inner.put(frame, len)
     }
+    fn truncate(&mut self, frame: &mut L::Frame, len: usize) {
+        self.inner.truncate(frame, len)
+    }
     fn attach(&mut self, frame: &mut L::Frame, payload: Payload<'_>) -> Result<(), IoError> {
         self.inner.attach(frame, payload)
     }

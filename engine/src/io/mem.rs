@@ -157,6 +157,10 @@ impl PacketIo for MemIo {
         Ok(&mut frame.0[at..])
     }
 
+    fn truncate(&mut self, frame: &mut MemFrame, len: usize) {
+        frame.0.truncate(len);
+    }
+
     fn attach(&mut self, frame: &mut MemFrame, payload: Payload<'_>) -> Result<(), IoError> {
         let wanted = frame.0.len() + payload.len();
         if wanted > self.max_frame {

@@ -150,6 +150,9 @@ pub trait PacketIo {
     /// place) and returns them.
     fn put<'f>(&mut self, frame: &'f mut Self::Frame, len: usize) -> Result<&'f mut [u8], IoError>;
 
+    /// Shortens the frame to `len` bytes (no-op when it is not longer).
+    fn truncate(&mut self, frame: &mut Self::Frame, len: usize);
+
     /// Appends a payload to the frame: attached with no copy where the link
     /// can, copied otherwise.
     fn attach(&mut self, frame: &mut Self::Frame, payload: Payload<'_>) -> Result<(), IoError>;
