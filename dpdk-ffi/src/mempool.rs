@@ -92,6 +92,11 @@ impl Mempool {
         self.0.raw.as_ptr()
     }
 
+    /// The EAL the pool lives in.
+    pub fn eal(&self) -> &Eal {
+        &self.0._eal
+    }
+
     /// The pool's name.
     pub fn name(&self) -> &str {
         &self.0.name

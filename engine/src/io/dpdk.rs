@@ -184,4 +184,10 @@ impl PacketIo for DpdkIo {
     fn stats(&self) -> IoStats {
         self.stats
     }
+
+    fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, IoError> {
+        Ok(Some(dpdk_ffi::ThreadRegistration::register(
+            self.pool.eal(),
+        )?))
+    }
 }

@@ -255,4 +255,7 @@ impl<L: PacketIo> PacketIo for Faulty<L> {
     fn stats(&self) -> IoStats {
         self.inner.stats()
     }
+    fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, IoError> {
+        self.inner.enter_thread()
+    }
 }

@@ -169,4 +169,12 @@ pub trait PacketIo {
 
     /// The counters.
     fn stats(&self) -> IoStats;
+
+    /// Called on a thread that will drive this link (a polling thread), before
+    /// any other call there; what it returns lives as long as the thread
+    /// drives the link. DPDK links register the thread, giving it mempool
+    /// caches.
+    fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, IoError> {
+        Ok(None)
+    }
 }

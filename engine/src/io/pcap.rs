@@ -154,6 +154,9 @@ impl<L: PacketIo> PacketIo for PcapRecorder<L> {
     fn stats(&self) -> IoStats {
         self.inner.stats()
     }
+    fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, IoError> {
+        self.inner.enter_thread()
+    }
 }
 
 impl<L: PacketIo> Drop for PcapRecorder<L> {
