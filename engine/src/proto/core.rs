@@ -1,0 +1,1416 @@
+//! The protocol core of one endpoint: its peers, requests, frame records and queues, and
+//! the driving surface the runtime calls.
+//!
+//! # Driving a core
+//! The runtime owns the clock and the port. In its polling loop it:
+//! 1. calls [`Core::handle_frame`] for every received frame,
+//! 2. calls [`Core::handle_timeout`] once the time from [`Core::poll_timeout`] has come,
+//! 3. drains [`Core::poll_transmit`] into the port (attaching each [`PayloadRef`] from
+//!    [`Core::send_buffer`] as an external buffer, or copying it when small),
+//! 4. drains [`Core::poll_completion`] into the application's completion queue,
+//! 5. asks [`Core::poll_timeout`] again before it sleeps or spins.
+//!
+//! Application requests ([`Core::send`], [`Core::post_recv`], [`Core::cancel`],
+//! [`Core::probe`]) may come at any point; after them, steps 3 and 5 are due again.
+//!
+//! # Sessions
+//! A peer's session is identified by both sides' epochs. Every frame carries the sender's
+//! epoch and the epoch it believes the receiver has. Reliable frames are only sent once
+//! the peer's epoch is known (learnt from any frame; a HELLO asks for it), and they are
+//! only accepted when they name this core's current epoch. A frame with a higher source
+//! epoch than the one known means the peer restarted: every request of the old session
+//! fails with [`RequestError::PeerRestarted`] and both halves of the stream start over.
+//! Epochs must therefore grow across restarts of an endpoint (a boot counter, or the
+//! start time). A peer silent for `peer_timeout` while something waits on it is declared
+//! unreachable: its requests fail with [`RequestError::PeerUnreachable`] and its session
+//! is over until it comes back with a higher epoch.
+//!
+//! # Credits
+//! Each peer may have `unexpected_bytes / max_peers` bytes of charge against this core's
+//! unexpected store. A sender charges an eager message [`eager_charge`] and a rendezvous
+//! announcement [`rts_charge`] before it sends the first frame; the receiver releases the
+//! charge when the message binds to a receive (at once when one was posted). The
+//! receiver advertises the cumulative limit in every header. So a message that finds no
+//! receive always has room in the store, unexpected bytes never exceed the store, and a
+//! sender that ran out waits (counted as a credit stall) instead of being dropped.
+
+use super::matching::{eager_charge, matches, rts_charge, Store, MSG_OVERHEAD};
+use super::peer::Peer;
+use super::slab::{id_map, FreeList, IdMap, Links, List, NIL};
+use super::stats::{CoreStats, PeerInfo, PeerStats};
+use super::{
+    Addr, ChecksumMode, ConfigError, CoreConfig, PeerError, PeerId, RecvError, Rejected,
+    RequestError, RequestId, SendError, Time,
+};
+use crate::wire::{
+    flags, DropReason, Frame, FrameType, Header, MacAddr, FRAME_HEADER_LEN, MAX_MSG_LEN,
+};
+use std::collections::VecDeque;
+
+pub(crate) const NO_PEER: u16 = u16::MAX;
+
+/// A frame written by [`Core::poll_transmit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// The peer the frame goes to (its MAC is in the Ethernet header already).
+    pub peer: PeerId,
+    /// Bytes of `buf` written: Ethernet and emx headers.
+    pub header_len: usize,
+    /// Payload to send right after the header, by reference into a send's buffer.
+    pub payload: Option<PayloadRef>,
+}
+
+impl Transmit {
+    /// Length of the whole frame on the wire.
+    pub fn frame_len(&self) -> usize {
+        self.header_len + self.payload.map_or(0, |p| p.len as usize)
+    }
+}
+
+/// Payload of a data frame: `len` bytes at `offset` of the buffer of send `req`. The
+/// buffer stays valid (owned by the core) until the send completes, and a send only
+/// completes once every frame that referenced it was acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadRef {
+    /// The send whose buffer holds the bytes.
+    pub req: RequestId,
+    /// Offset in the buffer.
+    pub offset: u64,
+    /// Length.
+    pub len: u32,
+}
+
+/// What [`Core::probe`] found: an unexpected message's envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeInfo {
+    /// Sender.
+    pub src: Addr,
+    /// Match bits.
+    pub match_bits: u64,
+    /// Message length.
+    pub len: u64,
+}
+
+/// A completed receive's details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvInfo {
+    /// Sender.
+    pub src: Addr,
+    /// The message's match bits.
+    pub match_bits: u64,
+    /// The message's real length.
+    pub msg_len: u64,
+    /// Bytes written into the buffer: `min(msg_len, buffer length)`.
+    pub copied: u64,
+    /// The message was longer than the buffer; only `copied` bytes were kept.
+    pub truncated: bool,
+}
+
+/// A finished send.
+#[derive(Debug)]
+pub struct SendDone<S> {
+    /// The request.
+    pub req: RequestId,
+    /// The caller's context value.
+    pub ctx: u64,
+    /// The buffer, handed back.
+    pub buf: S,
+    /// Success once every byte was acknowledged by the receiver.
+    pub result: Result<(), RequestError>,
+}
+
+/// A finished receive.
+#[derive(Debug)]
+pub struct RecvDone<R> {
+    /// The request.
+    pub req: RequestId,
+    /// The caller's context value.
+    pub ctx: u64,
+    /// The buffer, handed back.
+    pub buf: R,
+    /// What arrived, or why nothing did.
+    pub result: Result<RecvInfo, RequestError>,
+}
+
+/// A finished request: its buffer comes back with it.
+#[derive(Debug)]
+pub enum Completion<S, R> {
+    /// A send finished.
+    Send(SendDone<S>),
+    /// A receive finished.
+    Recv(RecvDone<R>),
+}
+
+pub(crate) struct SendSlot<S> {
+    pub(crate) gen: u32,
+    pub(crate) buf: Option<S>,
+    pub(crate) ctx: u64,
+    pub(crate) peer: u16,
+    pub(crate) msg_id: u32,
+    pub(crate) len: u64,
+    pub(crate) match_bits: u64,
+    pub(crate) rndv: bool,
+    pub(crate) started: bool,
+    /// All frames of the first pass (eager fragments, or the RTS) were sent.
+    pub(crate) first_pass_done: bool,
+    /// Eager bytes sent in the first pass.
+    pub(crate) emitted: u64,
+    /// Frames in flight that reference this send.
+    pub(crate) inflight: u32,
+    /// Rendezvous: the receiver said it has all it wants.
+    pub(crate) notified: bool,
+    pub(crate) pull_limit: u64,
+    pub(crate) sent_upto: u64,
+    pub(crate) in_pulls: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RecvState {
+    Free,
+    Posted,
+    Active,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Block {
+    pub(crate) off: u64,
+    pub(crate) len: u32,
+    pub(crate) got: u32,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PullState {
+    pub(crate) wanted: u64,
+    pub(crate) next_pull: u64,
+    pub(crate) received: u64,
+    pub(crate) blocks: [Block; 8],
+    pub(crate) nblocks: u8,
+}
+
+pub(crate) struct RecvSlot<R> {
+    pub(crate) gen: u32,
+    pub(crate) buf: Option<R>,
+    pub(crate) buf_len: u64,
+    pub(crate) ctx: u64,
+    pub(crate) src: u16,
+    pub(crate) match_bits: u64,
+    pub(crate) mask: u64,
+    pub(crate) state: RecvState,
+    pub(crate) msg: u32,
+    /// The peer this receive counts as involving (for liveness), or `NO_PEER`.
+    pub(crate) inv_peer: u16,
+    pub(crate) pull: PullState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MsgState {
+    /// Arrived before an earlier message of the same sender: not matchable yet.
+    Waiting,
+    /// Matchable, no receive yet: in the unexpected queue.
+    Unexpected,
+    /// Bound to a receive.
+    Bound,
+}
+
+/// The envelope of an incoming message that is not finished yet.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InMsg {
+    pub(crate) peer: u16,
+    pub(crate) msg_id: u32,
+    pub(crate) rndv: bool,
+    pub(crate) match_bits: u64,
+    pub(crate) len: u64,
+    pub(crate) received: u64,
+    pub(crate) state: MsgState,
+    pub(crate) recv: u32,
+    pub(crate) store: u32,
+    pub(crate) charge: u32,
+    /// Left over from a session that ended; not in the id map any more.
+    pub(crate) orphan: bool,
+}
+
+/// A reliable frame sent (or, for control frames, queued) and not yet acknowledged:
+/// enough to emit it again.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TxFrame {
+    pub(crate) seq: u32,
+    pub(crate) kind: FrameType,
+    pub(crate) lost: bool,
+    pub(crate) retx: u16,
+    pub(crate) sent_at: Time,
+    pub(crate) slot: u32,
+    pub(crate) msg_id: u32,
+    pub(crate) offset: u64,
+    pub(crate) len: u32,
+}
+
+impl TxFrame {
+    const EMPTY: TxFrame = TxFrame {
+        seq: 0,
+        kind: FrameType::Ack,
+        lost: false,
+        retx: 0,
+        sent_at: Time::ZERO,
+        slot: NIL,
+        msg_id: 0,
+        offset: 0,
+        len: 0,
+    };
+}
+
+#[inline]
+pub(crate) fn msg_key(peer: u16, msg_id: u32) -> u64 {
+    (peer as u64) << 32 | msg_id as u64
+}
+
+/// One endpoint's protocol state, talking to many peers. See the module docs for how to
+/// drive it.
+///
+/// `S` is a send buffer (registered memory the runtime can attach to a frame), `R` a
+/// receive buffer. The core keeps both until the request completes and hands them back
+/// in the [`Completion`].
+///
+/// ```
+/// use emx::proto::{Addr, Core, CoreConfig, MacAddr, Time};
+/// let mut a: Core<Vec<u8>, Vec<u8>> =
+///     Core::new(CoreConfig::default(), Addr::new(1, 0), MacAddr([2, 0, 0, 0, 0, 1]), 1, Time::ZERO)
+///         .unwrap();
+/// let b = a.add_peer(Addr::new(2, 0), MacAddr([2, 0, 0, 0, 0, 2])).unwrap();
+/// let req = a.send(Time::ZERO, Addr::new(2, 0), 0x42, b"hi".to_vec(), 7).unwrap();
+/// // The first thing on the wire is the handshake that learns the peer's epoch.
+/// let mut buf = [0u8; 128];
+/// let tx = a.poll_transmit(Time::ZERO, &mut buf).unwrap();
+/// assert_eq!(tx.peer, b);
+/// assert!(tx.payload.is_none());
+/// # let _ = req;
+/// ```
+pub struct Core<S: AsRef<[u8]>, R: AsMut<[u8]>> {
+    pub(crate) cfg: CoreConfig,
+    pub(crate) local: Addr,
+    pub(crate) mac: MacAddr,
+    pub(crate) epoch: u32,
+    pub(crate) peer_credit: u64,
+    pub(crate) max_payload: usize,
+
+    pub(crate) peers: Vec<Peer>,
+    pub(crate) peer_map: IdMap<u32, u16>,
+    /// The last address looked up and its peer: traffic comes in runs from one peer.
+    pub(crate) last_peer: (u32, u16),
+    pub(crate) ready: VecDeque<u16>,
+
+    pub(crate) sends: Vec<SendSlot<S>>,
+    pub(crate) send_free: FreeList,
+    /// Per-peer send lists.
+    pub(crate) send_links: Links,
+    /// Per-peer pull-reply lists.
+    pub(crate) pull_links: Links,
+    pub(crate) rndv_map: IdMap<u64, u32>,
+
+    pub(crate) recvs: Vec<RecvSlot<R>>,
+    pub(crate) recv_free: FreeList,
+    pub(crate) recv_links: Links,
+    pub(crate) posted: List,
+
+    pub(crate) msgs: Vec<InMsg>,
+    pub(crate) msg_free: FreeList,
+    /// The unexpected queue.
+    pub(crate) msg_links: Links,
+    /// Per-peer envelope lists.
+    pub(crate) msg_peer_links: Links,
+    pub(crate) unexpected: List,
+    pub(crate) msg_map: IdMap<u64, u32>,
+    pub(crate) store: Store,
+    pub(crate) held_total: u64,
+
+    pub(crate) frames: Vec<TxFrame>,
+    pub(crate) frame_free: FreeList,
+    pub(crate) frame_links: Links,
+
+    pub(crate) completions: VecDeque<Completion<S, R>>,
+    pub(crate) stats: CoreStats,
+}
+
+impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+    /// Creates a core for endpoint `local` with Ethernet address `mac`, in session epoch
+    /// `epoch` (non-zero, and higher than any epoch this endpoint had before). Every table
+    /// is allocated here, sized by `cfg`; nothing is allocated afterwards. `now` is the
+    /// creation time; the core starts idle, so nothing is scheduled from it yet.
+    pub fn new(
+        cfg: CoreConfig,
+        local: Addr,
+        mac: MacAddr,
+        epoch: u32,
+        now: Time,
+    ) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        if epoch == 0 {
+            return Err(ConfigError::Table("epoch must be non-zero"));
+        }
+        // The core starts idle: nothing is scheduled from `now` yet.
+        let _ = now;
+        let n_msgs = (cfg.unexpected_bytes / MSG_OVERHEAD) as usize + cfg.max_recvs + 16;
+        let n_frames = cfg.max_peers * cfg.window as usize
+            + cfg.max_recvs * (cfg.pull_inflight as usize + 2)
+            + 64;
+        let sends = (0..cfg.max_sends)
+            .map(|_| SendSlot {
+                gen: 0,
+                buf: None,
+                ctx: 0,
+                peer: NO_PEER,
+                msg_id: 0,
+                len: 0,
+                match_bits: 0,
+                rndv: false,
+                started: false,
+                first_pass_done: false,
+                emitted: 0,
+                inflight: 0,
+                notified: false,
+                pull_limit: 0,
+                sent_upto: 0,
+                in_pulls: false,
+            })
+            .collect();
+        let recvs = (0..cfg.max_recvs)
+            .map(|_| RecvSlot {
+                gen: 0,
+                buf: None,
+                buf_len: 0,
+                ctx: 0,
+                src: NO_PEER,
+                match_bits: 0,
+                mask: 0,
+                state: RecvState::Free,
+                msg: NIL,
+                inv_peer: NO_PEER,
+                pull: PullState::default(),
+            })
+            .collect();
+        let empty_msg = InMsg {
+            peer: NO_PEER,
+            msg_id: 0,
+            rndv: false,
+            match_bits: 0,
+            len: 0,
+            received: 0,
+            state: MsgState::Waiting,
+            recv: NIL,
+            store: NIL,
+            charge: 0,
+            orphan: false,
+        };
+        Ok(Core {
+            peer_credit: cfg.peer_credit(),
+            max_payload: cfg.frame_payload(),
+            local,
+            mac,
+            epoch,
+            peers: Vec::with_capacity(cfg.max_peers),
+            peer_map: id_map(cfg.max_peers),
+            last_peer: (u32::MAX, NO_PEER),
+            ready: VecDeque::with_capacity(cfg.max_peers),
+            sends,
+            send_free: FreeList::new(cfg.max_sends),
+            send_links: Links::new(cfg.max_sends),
+            pull_links: Links::new(cfg.max_sends),
+            rndv_map: id_map(cfg.max_sends),
+            recvs,
+            recv_free: FreeList::new(cfg.max_recvs),
+            recv_links: Links::new(cfg.max_recvs),
+            posted: List::default(),
+            msgs: vec![empty_msg; n_msgs],
+            msg_free: FreeList::new(n_msgs),
+            msg_links: Links::new(n_msgs),
+            msg_peer_links: Links::new(n_msgs),
+            unexpected: List::default(),
+            msg_map: id_map(n_msgs),
+            store: Store::new(cfg.unexpected_bytes),
+            held_total: 0,
+            frames: vec![TxFrame::EMPTY; n_frames],
+            frame_free: FreeList::new(n_frames),
+            frame_links: Links::new(n_frames),
+            completions: VecDeque::with_capacity(cfg.max_sends + cfg.max_recvs),
+            stats: CoreStats::default(),
+            cfg,
+        })
+    }
+
+    /// This core's address.
+    pub fn local(&self) -> Addr {
+        self.local
+    }
+
+    /// This core's Ethernet address.
+    pub fn mac(&self) -> MacAddr {
+        self.mac
+    }
+
+    /// This core's session epoch.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    /// Adds a peer reachable at Ethernet address `mac`. The table is bounded by
+    /// `max_peers`; peers are never removed (an unreachable one stays, refusing its old
+    /// epoch).
+    pub fn add_peer(&mut self, addr: Addr, mac: MacAddr) -> Result<PeerId, PeerError> {
+        if addr == self.local {
+            return Err(PeerError::SelfAddress);
+        }
+        if self.peer_map.contains_key(&addr.key()) {
+            return Err(PeerError::Duplicate);
+        }
+        if self.peers.len() >= self.cfg.max_peers {
+            return Err(PeerError::TableFull);
+        }
+        let id = self.peers.len() as u16;
+        self.peers.push(Peer::new(addr, mac, self.cfg.rto_initial));
+        self.peer_map.insert(addr.key(), id);
+        Ok(PeerId(id))
+    }
+
+    #[inline]
+    fn lookup_peer(&mut self, key: u32) -> Option<u16> {
+        if self.last_peer.0 == key {
+            return Some(self.last_peer.1);
+        }
+        let p = *self.peer_map.get(&key)?;
+        self.last_peer = (key, p);
+        Some(p)
+    }
+
+    /// The id of the peer at `addr`.
+    pub fn peer_id(&self, addr: Addr) -> Option<PeerId> {
+        self.peer_map.get(&addr.key()).map(|&p| PeerId(p))
+    }
+
+    /// Counters of one peer.
+    pub fn peer_stats(&self, peer: PeerId) -> Option<&PeerStats> {
+        self.peers.get(peer.0 as usize).map(|p| &p.stats)
+    }
+
+    /// A snapshot of one peer's session state.
+    pub fn peer_info(&self, peer: PeerId) -> Option<PeerInfo> {
+        let p = self.peers.get(peer.0 as usize)?;
+        Some(PeerInfo {
+            epoch: p.epoch,
+            dead: p.dead,
+            snd_next: p.snd_next,
+            in_flight: p.inflight.len,
+            rcv_next: p.rcv.next,
+            rcv_sack: p.rcv.sack,
+            next_msg_id: p.next_msg_id,
+            next_match: p.next_match,
+            credit_limit: p.credit_limit,
+            credit_used: p.credit_used,
+            held: p.held,
+            involved: p.involved,
+        })
+    }
+
+    /// Core-wide counters.
+    pub fn stats(&self) -> &CoreStats {
+        &self.stats
+    }
+
+    /// Bytes of the unexpected store in use now (credit charge of waiting messages).
+    pub fn unexpected_bytes(&self) -> u64 {
+        self.held_total
+    }
+
+    /// Bytes of state an idle peer costs: its session record and its address-map entry.
+    pub fn idle_peer_state_bytes() -> usize {
+        core::mem::size_of::<Peer>() + core::mem::size_of::<(u32, u16)>() + 1
+    }
+
+    /// Outstanding requests (sends plus receives) not completed yet.
+    pub fn outstanding(&self) -> usize {
+        (self.cfg.max_sends - self.send_free.available())
+            + (self.cfg.max_recvs - self.recv_free.available())
+    }
+
+    // ----------------------------------------------------------------- requests
+
+    /// Sends `buf` to `dst` with `match_bits`. The buffer stays with the core (frames are
+    /// sent by reference into it) until the send completes, which happens once the
+    /// receiver acknowledged every byte; it comes back in a [`Completion::Send`].
+    /// Messages up to `eager_threshold` go eager, longer ones by rendezvous.
+    pub fn send(
+        &mut self,
+        now: Time,
+        dst: Addr,
+        match_bits: u64,
+        buf: S,
+        ctx: u64,
+    ) -> Result<RequestId, Rejected<SendError, S>> {
+        let Some(p) = self.lookup_peer(dst.key()) else {
+            return Err(Rejected {
+                error: SendError::UnknownPeer,
+                buf,
+            });
+        };
+        if self.peers[p as usize].dead {
+            return Err(Rejected {
+                error: SendError::PeerUnreachable,
+                buf,
+            });
+        }
+        let len = buf.as_ref().len() as u64;
+        if len > MAX_MSG_LEN {
+            return Err(Rejected {
+                error: SendError::TooLong,
+                buf,
+            });
+        }
+        let Some(i) = self.send_free.alloc() else {
+            return Err(Rejected {
+                error: SendError::TooManySends,
+                buf,
+            });
+        };
+        let peer = &mut self.peers[p as usize];
+        let msg_id = peer.next_msg_id;
+        peer.next_msg_id = msg_id.wrapping_add(1);
+        let rndv = len > self.cfg.eager_threshold;
+        let s = &mut self.sends[i as usize];
+        s.buf = Some(buf);
+        s.ctx = ctx;
+        s.peer = p;
+        s.msg_id = msg_id;
+        s.len = len;
+        s.match_bits = match_bits;
+        s.rndv = rndv;
+        s.started = false;
+        s.first_pass_done = false;
+        s.emitted = 0;
+        s.inflight = 0;
+        s.notified = false;
+        s.pull_limit = 0;
+        s.sent_upto = 0;
+        s.in_pulls = false;
+        let gen = s.gen;
+        if rndv {
+            self.rndv_map.insert(msg_key(p, msg_id), i);
+        }
+        self.engage(p, now);
+        let peer = &mut self.peers[p as usize];
+        self.send_links.push_back(&mut peer.sends, i);
+        if peer.cursor == NIL {
+            peer.cursor = i;
+        }
+        self.mark_ready(p);
+        Ok(RequestId::send(i, gen))
+    }
+
+    /// Posts a receive for a message from `src` (any peer when `None`) whose match bits
+    /// equal `match_bits` where `mask` has ones. If an unexpected message matches, it is
+    /// taken at once (the oldest first); otherwise the receive waits, behind the
+    /// receives posted before it. A message longer than `buf` completes with
+    /// `truncated` set and its real length.
+    pub fn post_recv(
+        &mut self,
+        now: Time,
+        src: Option<Addr>,
+        match_bits: u64,
+        mask: u64,
+        mut buf: R,
+        ctx: u64,
+    ) -> Result<RequestId, Rejected<RecvError, R>> {
+        let src_peer = match src {
+            None => NO_PEER,
+            Some(a) => match self.peer_map.get(&a.key()) {
+                Some(&p) if self.peers[p as usize].dead => {
+                    return Err(Rejected {
+                        error: RecvError::PeerUnreachable,
+                        buf,
+                    })
+                }
+                Some(&p) => p,
+                None => {
+                    return Err(Rejected {
+                        error: RecvError::UnknownPeer,
+                        buf,
+                    })
+                }
+            },
+        };
+        let Some(r) = self.recv_free.alloc() else {
+            return Err(Rejected {
+                error: RecvError::TooManyRecvs,
+                buf,
+            });
+        };
+        let buf_len = buf.as_mut().len() as u64;
+        let slot = &mut self.recvs[r as usize];
+        slot.buf = Some(buf);
+        slot.buf_len = buf_len;
+        slot.ctx = ctx;
+        slot.src = src_peer;
+        slot.match_bits = match_bits;
+        slot.mask = mask;
+        slot.state = RecvState::Posted;
+        slot.msg = NIL;
+        slot.inv_peer = NO_PEER;
+        let gen = slot.gen;
+        if src_peer != NO_PEER {
+            self.recvs[r as usize].inv_peer = src_peer;
+            self.engage(src_peer, now);
+        }
+        // The oldest matching unexpected message, if any.
+        let mut m = self.unexpected.head;
+        while m != NIL {
+            let msg = &self.msgs[m as usize];
+            if (src_peer == NO_PEER || msg.peer == src_peer)
+                && matches(msg.match_bits, match_bits, mask)
+            {
+                break;
+            }
+            m = self.msg_links.next(m);
+        }
+        if m != NIL {
+            self.msg_links.remove(&mut self.unexpected, m);
+            self.bind(now, m, r);
+        } else {
+            self.recv_links.push_back(&mut self.posted, r);
+        }
+        Ok(RequestId::recv(r, gen))
+    }
+
+    /// Looks for an unexpected message that a receive with these arguments would take,
+    /// without taking it.
+    #[must_use]
+    pub fn probe(&self, src: Option<Addr>, match_bits: u64, mask: u64) -> Option<ProbeInfo> {
+        let src_peer = match src {
+            None => NO_PEER,
+            Some(a) => *self.peer_map.get(&a.key())?,
+        };
+        let mut m = self.unexpected.head;
+        while m != NIL {
+            let msg = &self.msgs[m as usize];
+            if (src_peer == NO_PEER || msg.peer == src_peer)
+                && matches(msg.match_bits, match_bits, mask)
+            {
+                return Some(ProbeInfo {
+                    src: self.peers[msg.peer as usize].addr,
+                    match_bits: msg.match_bits,
+                    len: msg.len,
+                });
+            }
+            m = self.msg_links.next(m);
+        }
+        None
+    }
+
+    /// Cancels a posted receive that has not matched yet; it completes with
+    /// [`RequestError::Cancelled`]. Returns false when the request is not such a receive
+    /// (already matched, completed, or a send: sends cannot be cancelled).
+    #[must_use]
+    pub fn cancel(&mut self, req: RequestId) -> bool {
+        if !req.is_recv() || req.index() >= self.recvs.len() {
+            return false;
+        }
+        let r = req.index() as u32;
+        let slot = &self.recvs[r as usize];
+        if slot.gen != req.gen() || slot.state != RecvState::Posted {
+            return false;
+        }
+        self.recv_links.remove(&mut self.posted, r);
+        self.complete_recv(r, Err(RequestError::Cancelled));
+        true
+    }
+
+    /// The buffer of an outstanding send, to resolve a [`PayloadRef`].
+    pub fn send_buffer(&self, req: RequestId) -> Option<&S> {
+        if req.is_recv() {
+            return None;
+        }
+        let s = self.sends.get(req.index())?;
+        if s.gen != req.gen() {
+            return None;
+        }
+        s.buf.as_ref()
+    }
+
+    /// The bytes a [`PayloadRef`] names.
+    pub fn payload(&self, p: &PayloadRef) -> Option<&[u8]> {
+        let b = self.send_buffer(p.req)?.as_ref();
+        let start = usize::try_from(p.offset).ok()?;
+        b.get(start..start.checked_add(p.len as usize)?)
+    }
+
+    /// Takes the next finished request. Call after [`handle_frame`](Self::handle_frame),
+    /// [`handle_timeout`](Self::handle_timeout) and [`cancel`](Self::cancel), until it
+    /// returns `None`.
+    #[must_use]
+    pub fn poll_completion(&mut self) -> Option<Completion<S, R>> {
+        self.completions.pop_front()
+    }
+
+    // ------------------------------------------------------------ bookkeeping
+
+    #[inline]
+    pub(crate) fn mark_ready(&mut self, p: u16) {
+        let peer = &mut self.peers[p as usize];
+        if !peer.in_ready {
+            peer.in_ready = true;
+            self.ready.push_back(p);
+        }
+    }
+
+    /// Arms the delayed ack (acks also carry credit updates).
+    pub(crate) fn want_ack(&mut self, p: u16, now: Time) {
+        let peer = &mut self.peers[p as usize];
+        if peer.ack_at == Time::NEVER && !peer.ack_now {
+            peer.ack_at = now + self.cfg.ack_delay;
+        }
+    }
+
+    pub(crate) fn complete_send(&mut self, i: u32, result: Result<(), RequestError>) {
+        let s = &mut self.sends[i as usize];
+        let p = s.peer;
+        let req = RequestId::send(i, s.gen);
+        let ctx = s.ctx;
+        let buf = s.buf.take().expect("live send has its buffer");
+        s.gen = s.gen.wrapping_add(1);
+        let (rndv, msg_id, in_pulls) = (s.rndv, s.msg_id, s.in_pulls);
+        s.in_pulls = false;
+        s.peer = NO_PEER;
+        let peer = &mut self.peers[p as usize];
+        if peer.cursor == i {
+            peer.cursor = self.send_links.next(i);
+        }
+        self.send_links.remove(&mut peer.sends, i);
+        if in_pulls {
+            self.pull_links.remove(&mut peer.pulls, i);
+        }
+        if rndv {
+            self.rndv_map.remove(&msg_key(p, msg_id));
+        }
+        self.disengage(p);
+        self.send_free.release(i);
+        if result.is_ok() {
+            self.stats.sends_completed += 1;
+        }
+        self.completions.push_back(Completion::Send(SendDone {
+            req,
+            ctx,
+            buf,
+            result,
+        }));
+    }
+
+    pub(crate) fn maybe_complete_send(&mut self, i: u32) {
+        let s = &self.sends[i as usize];
+        let done =
+            s.inflight == 0 && s.first_pass_done && (!s.rndv || s.notified) && s.buf.is_some();
+        if done {
+            self.complete_send(i, Ok(()));
+        }
+    }
+
+    /// Completes a receive (which must be out of the posted list) and frees its envelope.
+    pub(crate) fn complete_recv(&mut self, r: u32, result: Result<RecvInfo, RequestError>) {
+        let slot = &mut self.recvs[r as usize];
+        let req = RequestId::recv(r, slot.gen);
+        let ctx = slot.ctx;
+        let buf = slot.buf.take().expect("live receive has its buffer");
+        slot.gen = slot.gen.wrapping_add(1);
+        slot.state = RecvState::Free;
+        let (m, inv) = (slot.msg, slot.inv_peer);
+        slot.msg = NIL;
+        slot.inv_peer = NO_PEER;
+        if m != NIL {
+            self.free_msg(m);
+        }
+        self.disengage(inv);
+        self.recv_free.release(r);
+        if result.is_ok() {
+            self.stats.recvs_completed += 1;
+        }
+        self.completions.push_back(Completion::Recv(RecvDone {
+            req,
+            ctx,
+            buf,
+            result,
+        }));
+    }
+
+    pub(crate) fn recv_info(&self, m: &InMsg, r: u32) -> RecvInfo {
+        let buf_len = self.recvs[r as usize].buf_len;
+        RecvInfo {
+            src: self.peers[m.peer as usize].addr,
+            match_bits: m.match_bits,
+            msg_len: m.len,
+            copied: m.len.min(buf_len),
+            truncated: m.len > buf_len,
+        }
+    }
+
+    // --------------------------------------------------------------- frames in
+
+    /// Processes one received Ethernet frame (untrusted bytes). Call for every frame the
+    /// port delivers. A frame that is malformed, not ours, or stale is counted by reason
+    /// and dropped (the reason is returned too); it never panics and leaves the protocol
+    /// state as it was.
+    pub fn handle_frame(&mut self, now: Time, frame: &[u8]) -> Result<(), DropReason> {
+        let f = match Frame::new_checked(frame) {
+            Ok(f) => f,
+            Err(r) => {
+                self.stats.dropped.count(r);
+                return Err(r);
+            }
+        };
+        let h = match Header::parse(
+            &f,
+            self.cfg.ethertype,
+            self.cfg.checksum != ChecksumMode::Off,
+        ) {
+            Ok(h) => h,
+            Err(r) => {
+                self.stats.dropped.count(r);
+                return Err(r);
+            }
+        };
+        if h.cluster != self.cfg.cluster {
+            self.stats.dropped.count(DropReason::WrongCluster);
+            return Err(DropReason::WrongCluster);
+        }
+        if h.dst_node != self.local.node || h.dst_ep != self.local.endpoint || h.dst_mac != self.mac
+        {
+            self.stats.dropped.count(DropReason::NotForUs);
+            return Err(DropReason::NotForUs);
+        }
+        let key = Addr::new(h.src_node, h.src_ep).key();
+        let Some(p) = self.lookup_peer(key) else {
+            self.stats.dropped.count(DropReason::UnknownPeer);
+            return Err(DropReason::UnknownPeer);
+        };
+        if h.src_mac != self.peers[p as usize].mac {
+            // Raw Ethernet has no other source authentication: the MAC must be the peer's.
+            self.peers[p as usize]
+                .stats
+                .dropped
+                .count(DropReason::NotForUs);
+            return Err(DropReason::NotForUs);
+        }
+        let r = self.handle_peer_frame(now, p, &h, f.payload(), frame.len());
+        if let Err(reason) = r {
+            self.peers[p as usize].stats.dropped.count(reason);
+        }
+        let peer = &self.peers[p as usize];
+        if peer.ack_now
+            || peer.hello_now
+            || peer.lost > 0
+            || !peer.ctrl.is_empty()
+            || !peer.pulls.is_empty()
+            || peer.cursor != NIL
+        {
+            self.mark_ready(p);
+        }
+        r
+    }
+
+    fn handle_peer_frame(
+        &mut self,
+        now: Time,
+        p: u16,
+        h: &Header,
+        payload: &[u8],
+        wire_len: usize,
+    ) -> Result<(), DropReason> {
+        let ft = h.frame_type;
+        // Epochs first: nothing of a frame from another session may touch this one.
+        if h.dst_epoch != 0 && h.dst_epoch != self.epoch {
+            // Meant for an earlier incarnation of this endpoint: tell the peer who we are.
+            self.peers[p as usize].hello_now = true;
+            return Err(DropReason::StaleEpoch);
+        }
+        {
+            let peer = &self.peers[p as usize];
+            if peer.dead && h.src_epoch <= peer.dead_epoch {
+                return Err(DropReason::DeadPeer);
+            }
+            if !peer.dead && peer.epoch != 0 && h.src_epoch < peer.epoch {
+                return Err(DropReason::StaleEpoch);
+            }
+        }
+        // Checks that need state but change none, so that a bad frame changes nothing.
+        use super::reliability::Accept;
+        let ours = h.dst_epoch == self.epoch;
+        let known = self.peers[p as usize].epoch == h.src_epoch && !self.peers[p as usize].dead;
+        if ours && known {
+            self.check_ack(p, h)?;
+        }
+        let mut accept = None;
+        if ft.is_reliable() && known {
+            let a = self.peers[p as usize].rcv.check(h.seq);
+            if a == Accept::OutOfWindow {
+                return Err(DropReason::OutOfWindow);
+            }
+            if a != Accept::Duplicate {
+                self.check_reliable(p, ft, h)?;
+            }
+            accept = Some(a);
+        }
+
+        // A new session: learn the epoch, or start over when the peer restarted.
+        if !known {
+            let peer = &mut self.peers[p as usize];
+            if peer.dead {
+                peer.dead = false;
+                peer.epoch = 0;
+            }
+            if peer.epoch == 0 {
+                peer.epoch = h.src_epoch;
+                peer.rtt.reset_backoff();
+            } else {
+                self.fail_peer(p, RequestError::PeerRestarted);
+                self.reset_session(p);
+                self.peers[p as usize].epoch = h.src_epoch;
+            }
+            if ft.is_reliable() {
+                let a = self.peers[p as usize].rcv.check(h.seq);
+                if a == Accept::OutOfWindow {
+                    return Err(DropReason::OutOfWindow);
+                }
+                self.check_reliable(p, ft, h)?;
+                accept = Some(a);
+            }
+        }
+        let peer = &mut self.peers[p as usize];
+        peer.last_heard = now;
+        peer.stats.frames_received += 1;
+        peer.stats.bytes_received += wire_len as u64;
+        if !ours {
+            // The peer does not know our epoch yet: answer with a HELLO.
+            peer.hello_now = true;
+        }
+        if ours {
+            self.on_ack(now, p, h);
+        }
+        match ft {
+            FrameType::Hello => {
+                if h.flags & flags::ACK_REQ != 0 {
+                    self.peers[p as usize].ack_now = true;
+                }
+                Ok(())
+            }
+            FrameType::Ack => {
+                let peer = &mut self.peers[p as usize];
+                peer.stats.acks_received += 1;
+                if h.flags & flags::ACK_REQ != 0 {
+                    peer.ack_now = true;
+                }
+                Ok(())
+            }
+            _ => {
+                let peer = &mut self.peers[p as usize];
+                match accept {
+                    Some(Accept::New { in_order }) => {
+                        peer.rcv.commit(h.seq);
+                        if in_order && peer.rcv.sack == 0 {
+                            peer.unacked += 1;
+                            if peer.unacked >= self.cfg.ack_every {
+                                peer.ack_now = true;
+                            } else if peer.ack_at == Time::NEVER {
+                                peer.ack_at = now + self.cfg.ack_delay;
+                            }
+                        } else {
+                            // A gap: tell the sender at once (fast retransmit).
+                            peer.ack_now = true;
+                        }
+                        if h.flags & flags::ACK_REQ != 0 {
+                            peer.ack_now = true;
+                        }
+                        self.apply_reliable(now, p, ft, h, payload);
+                        Ok(())
+                    }
+                    _ => {
+                        peer.stats.duplicates += 1;
+                        peer.ack_now = true;
+                        Ok(())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Semantic checks of a new reliable frame in an established session.
+    fn check_reliable(&self, p: u16, ft: FrameType, h: &Header) -> Result<(), DropReason> {
+        match ft {
+            FrameType::Eager => self.check_eager(p, h),
+            FrameType::Rts => self.check_rts(p, h),
+            FrameType::Pull | FrameType::Notify => self.check_pull_or_notify(p, ft, h),
+            FrameType::PullData => self.check_pull_data(p, h),
+            FrameType::Hello | FrameType::Ack => Ok(()),
+        }
+    }
+
+    fn apply_reliable(&mut self, now: Time, p: u16, ft: FrameType, h: &Header, payload: &[u8]) {
+        match ft {
+            FrameType::Eager => self.on_eager(now, p, h, payload),
+            FrameType::Rts => self.on_rts(now, p, h),
+            FrameType::Pull => self.on_pull(p, h),
+            FrameType::PullData => self.on_pull_data(p, h, payload),
+            FrameType::Notify => self.on_notify(p, h),
+            FrameType::Hello | FrameType::Ack => {}
+        }
+    }
+
+    // --------------------------------------------------------------- timers
+
+    /// The earliest time at which [`handle_timeout`](Self::handle_timeout) has work, or
+    /// `None` when nothing is pending. Call after every other entry point; the answer is
+    /// only valid until the next call into the core. It scans the peer table (a few
+    /// nanoseconds per peer), so a polling loop calls it once per burst, not per frame.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let mut t = Time::NEVER;
+        for p in &self.peers {
+            t = t.min(self.peer_deadline(p));
+        }
+        (t != Time::NEVER).then_some(t)
+    }
+
+    /// Runs the timers that are due: delayed acks, retransmission timeouts, keepalive
+    /// probes and peer deadlines. Call when the time from
+    /// [`poll_timeout`](Self::poll_timeout) has come (calling early is harmless).
+    pub fn handle_timeout(&mut self, now: Time) {
+        for p in 0..self.peers.len() as u16 {
+            let peer = &self.peers[p as usize];
+            if self.peer_deadline(peer) > now {
+                continue;
+            }
+            let peer = &mut self.peers[p as usize];
+            if peer.ack_at <= now {
+                peer.ack_at = Time::NEVER;
+                peer.ack_now = true;
+            }
+            if peer.rto_at <= now {
+                self.on_rto(now, p);
+            }
+            let peer = &self.peers[p as usize];
+            if peer.monitored() && !peer.dead {
+                if self.dead_at(peer) <= now {
+                    self.declare_dead(p);
+                    continue;
+                }
+                if self.probe_at(peer) <= now {
+                    let peer = &mut self.peers[p as usize];
+                    peer.last_probe = now;
+                    if peer.epoch == 0 {
+                        peer.hello_now = true;
+                        peer.rtt.back_off();
+                    } else {
+                        peer.ping_now = true;
+                    }
+                }
+            }
+            self.mark_ready(p);
+        }
+    }
+
+    // --------------------------------------------------------------- frames out
+
+    /// Writes the next frame to send into `buf` (Ethernet and emx headers; at least
+    /// [`FRAME_HEADER_LEN`] bytes) and says which payload, if any, follows it. Call
+    /// until it returns `None` after every other entry point; the frames must go out in
+    /// the order they come.
+    ///
+    /// # Panics
+    /// When `buf` is shorter than [`FRAME_HEADER_LEN`].
+    #[must_use]
+    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        assert!(buf.len() >= FRAME_HEADER_LEN, "transmit buffer too small");
+        while let Some(&p) = self.ready.front() {
+            if let Some(t) = self.peer_transmit(now, p, buf) {
+                // Round robin between peers with work.
+                if self.ready.len() > 1 {
+                    self.ready.pop_front();
+                    self.ready.push_back(p);
+                }
+                return Some(t);
+            }
+            self.ready.pop_front();
+            self.peers[p as usize].in_ready = false;
+        }
+        None
+    }
+
+    fn base_header(&self, p: &Peer, ft: FrameType) -> Header {
+        Header {
+            dst_mac: p.mac,
+            src_mac: self.mac,
+            frame_type: ft,
+            flags: match self.cfg.checksum {
+                ChecksumMode::Off => 0,
+                ChecksumMode::Header => flags::CSUM_HEADER,
+                ChecksumMode::Full => flags::CSUM_HEADER | flags::CSUM_PAYLOAD,
+            },
+            cluster: self.cfg.cluster,
+            payload_len: 0,
+            src_node: self.local.node,
+            src_ep: self.local.endpoint,
+            dst_node: p.addr.node,
+            dst_ep: p.addr.endpoint,
+            src_epoch: self.epoch,
+            dst_epoch: p.epoch,
+            seq: 0,
+            ack: p.rcv.next,
+            sack: p.rcv.sack,
+            credit: p.credit_released.wrapping_add(self.peer_credit as u32),
+            msg_id: 0,
+            match_bits: 0,
+            msg_len: 0,
+            frag_offset: 0,
+        }
+    }
+
+    fn peer_transmit(&mut self, now: Time, p: u16, buf: &mut [u8]) -> Option<Transmit> {
+        let peer = &self.peers[p as usize];
+        if peer.dead {
+            return None;
+        }
+        if peer.epoch == 0 || peer.hello_now {
+            if peer.hello_now {
+                return Some(self.emit_control(p, FrameType::Hello, false, buf));
+            }
+            return None;
+        }
+        // Retransmissions first: they hold the window back.
+        if peer.lost > 0 {
+            let mut i = peer.inflight.head;
+            while i != NIL && !self.frames[i as usize].lost {
+                i = self.frame_links.next(i);
+            }
+            if i != NIL {
+                let peer = &mut self.peers[p as usize];
+                peer.lost -= 1;
+                peer.stats.retransmits += 1;
+                let f = &mut self.frames[i as usize];
+                f.lost = false;
+                f.retx = f.retx.saturating_add(1);
+                f.sent_at = now;
+                return Some(self.emit_reliable(now, p, i, buf));
+            }
+        }
+        let una = if peer.inflight.is_empty() {
+            peer.snd_next
+        } else {
+            self.frames[peer.inflight.head as usize].seq
+        };
+        let window_open = peer.snd_next.wrapping_sub(una) < self.cfg.window;
+        let has_new = !peer.ctrl.is_empty() || !peer.pulls.is_empty() || peer.cursor != NIL;
+        if window_open && has_new {
+            if let Some(i) = self.next_new_frame(p) {
+                let peer = &mut self.peers[p as usize];
+                let f = &mut self.frames[i as usize];
+                f.seq = peer.snd_next;
+                f.sent_at = now;
+                f.lost = false;
+                f.retx = 0;
+                peer.snd_next = peer.snd_next.wrapping_add(1);
+                if peer.inflight.is_empty() {
+                    peer.progress_at = now;
+                }
+                peer.window_stalled = false;
+                self.frame_links.push_back(&mut peer.inflight, i);
+                return Some(self.emit_reliable(now, p, i, buf));
+            }
+        } else if has_new {
+            // Count each stall once, not each time the transmit path finds it.
+            let peer = &mut self.peers[p as usize];
+            if !peer.window_stalled {
+                peer.window_stalled = true;
+                peer.stats.window_stalls += 1;
+            }
+        }
+        let peer = &self.peers[p as usize];
+        if peer.ack_now || peer.ping_now {
+            let ping = peer.ping_now;
+            return Some(self.emit_control(p, FrameType::Ack, ping, buf));
+        }
+        None
+    }
+
+    /// Picks the next new reliable frame of peer `p`: control frames first, then
+    /// rendezvous data and the next message's first-pass frames (credit permitting) in
+    /// turn.
+    fn next_new_frame(&mut self, p: u16) -> Option<u32> {
+        let peer = &mut self.peers[p as usize];
+        if let Some(i) = self.frame_links.pop_front(&mut peer.ctrl) {
+            return Some(i);
+        }
+        // Rendezvous data and new messages take turns, so that a long transfer does not
+        // hold back the small messages queued behind it.
+        peer.msgs_turn = !peer.msgs_turn;
+        if peer.msgs_turn {
+            if let Some(i) = self.next_message_frame(p) {
+                return Some(i);
+            }
+            self.rndv_next_data_frame(p)
+        } else {
+            if let Some(i) = self.rndv_next_data_frame(p) {
+                return Some(i);
+            }
+            self.next_message_frame(p)
+        }
+    }
+
+    fn next_message_frame(&mut self, p: u16) -> Option<u32> {
+        let s_idx = self.peers[p as usize].cursor;
+        if s_idx == NIL {
+            return None;
+        }
+        let s = &self.sends[s_idx as usize];
+        if !s.started {
+            let charge = if s.rndv {
+                rts_charge()
+            } else {
+                eager_charge(s.len)
+            } as u32;
+            let peer = &mut self.peers[p as usize];
+            let avail = peer.credit_limit.wrapping_sub(peer.credit_used) as i32;
+            if !peer.credit_known || avail < charge as i32 {
+                if !peer.credit_stalled {
+                    peer.credit_stalled = true;
+                    peer.stats.credit_stalls += 1;
+                }
+                return None;
+            }
+            peer.credit_used = peer.credit_used.wrapping_add(charge);
+            self.sends[s_idx as usize].started = true;
+        }
+        let i = self.frame_free.alloc()?;
+        let max_payload = self.max_payload as u64;
+        let s = &mut self.sends[s_idx as usize];
+        let (kind, offset, len) = if s.rndv {
+            s.first_pass_done = true;
+            (FrameType::Rts, 0, 0)
+        } else {
+            let off = s.emitted;
+            let len = (s.len - off).min(max_payload);
+            s.emitted += len;
+            if s.emitted == s.len {
+                s.first_pass_done = true;
+            }
+            (FrameType::Eager, off, len as u32)
+        };
+        s.inflight += 1;
+        let done = s.first_pass_done;
+        self.frames[i as usize] = TxFrame {
+            seq: 0,
+            kind,
+            lost: false,
+            retx: 0,
+            sent_at: Time::ZERO,
+            slot: s_idx,
+            msg_id: s.msg_id,
+            offset,
+            len,
+        };
+        if done {
+            self.peers[p as usize].cursor = self.send_links.next(s_idx);
+        }
+        Some(i)
+    }
+
+    /// Writes reliable frame `i` (new or retransmitted) to `buf`.
+    fn emit_reliable(&mut self, now: Time, p: u16, i: u32, buf: &mut [u8]) -> Transmit {
+        let f = self.frames[i as usize];
+        let peer = &self.peers[p as usize];
+        let mut h = self.base_header(peer, f.kind);
+        h.seq = f.seq;
+        h.msg_id = f.msg_id;
+        let mut payload = None;
+        match f.kind {
+            FrameType::Eager | FrameType::Rts | FrameType::PullData => {
+                let s = &self.sends[f.slot as usize];
+                h.match_bits = s.match_bits;
+                h.msg_len = s.len;
+                h.frag_offset = f.offset;
+                h.payload_len = f.len as u16;
+                if f.kind != FrameType::Rts {
+                    payload = Some(PayloadRef {
+                        req: RequestId::send(f.slot, s.gen),
+                        offset: f.offset,
+                        len: f.len,
+                    });
+                }
+            }
+            FrameType::Pull => {
+                h.frag_offset = f.offset;
+                h.msg_len = f.len as u64;
+            }
+            _ => {}
+        }
+        if self.peers[p as usize].rto_at == Time::NEVER {
+            let rto = self.peers[p as usize].rtt.rto(self.cfg.rto_max);
+            self.peers[p as usize].rto_at = now + rto;
+        }
+        self.finish_emit(p, &h, buf, payload)
+    }
+
+    fn emit_control(&mut self, p: u16, ft: FrameType, ping: bool, buf: &mut [u8]) -> Transmit {
+        let peer = &mut self.peers[p as usize];
+        match ft {
+            FrameType::Hello => {
+                peer.hello_now = false;
+                peer.stats.hellos_sent += 1;
+            }
+            _ => {
+                peer.stats.acks_sent += 1;
+                if ping {
+                    peer.ping_now = false;
+                    peer.stats.keepalives_sent += 1;
+                }
+            }
+        }
+        let peer = &self.peers[p as usize];
+        let mut h = self.base_header(peer, ft);
+        if ping || (ft == FrameType::Hello && peer.epoch == 0) {
+            h.flags |= flags::ACK_REQ;
+        }
+        self.finish_emit(p, &h, buf, None)
+    }
+
+    fn finish_emit(
+        &mut self,
+        p: u16,
+        h: &Header,
+        buf: &mut [u8],
+        payload: Option<PayloadRef>,
+    ) -> Transmit {
+        let n = h.emit(buf, self.cfg.ethertype);
+        if h.flags & flags::CSUM_HEADER != 0 {
+            let data = match payload {
+                Some(pr) if h.flags & flags::CSUM_PAYLOAD != 0 => {
+                    self.payload(&pr).expect("payload of a live send")
+                }
+                _ => &[],
+            };
+            Frame::new_unchecked(&mut buf[..n]).fill_checksum(data);
+        }
+        let peer = &mut self.peers[p as usize];
+        if h.dst_epoch != 0 {
+            peer.credit_advertised = h.credit;
+            // Every frame carries the ack: nothing more is owed.
+            peer.ack_now = false;
+            peer.ack_at = Time::NEVER;
+            peer.unacked = 0;
+        }
+        peer.stats.frames_sent += 1;
+        peer.stats.bytes_sent += (n + payload.map_or(0, |p| p.len as usize)) as u64;
+        Transmit {
+            peer: PeerId(p),
+            header_len: n,
+            payload,
+        }
+    }
+}

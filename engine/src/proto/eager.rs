@@ -1,0 +1,128 @@
+//! Eager protocol: messages up to the eager threshold travel at once, fragmented at the
+//! frame payload size, each fragment carrying the whole envelope (message id, match
+//! bits, length, offset) so that fragments can be placed in any arrival order.
+//!
+//! On arrival a fragment goes straight into the bound receive's buffer, or into the
+//! unexpected store while its message waits for a receive or for earlier messages of the
+//! same sender. A one-frame message that is matchable at once and finds a posted receive
+//! takes a fast path with no envelope at all. This module copies payload (into the
+//! store or the receive buffer) but never on the send side.
+
+use super::core::{msg_key, Core, MsgState, RecvState};
+use super::matching::eager_charge;
+use super::slab::NIL;
+use super::Time;
+use crate::wire::{DropReason, Header};
+
+impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+    /// Checks a new EAGER fragment against the state, changing nothing.
+    pub(crate) fn check_eager(&self, p: u16, h: &Header) -> Result<(), DropReason> {
+        if h.msg_len > self.cfg.eager_threshold {
+            return Err(DropReason::Protocol);
+        }
+        let open = !self.peers[p as usize].msgs.is_empty();
+        if let Some(&m) = open
+            .then(|| self.msg_map.get(&msg_key(p, h.msg_id)))
+            .flatten()
+        {
+            let msg = &self.msgs[m as usize];
+            if msg.rndv
+                || msg.len != h.msg_len
+                || msg.match_bits != h.match_bits
+                || msg.received + h.payload_len as u64 > msg.len
+            {
+                return Err(DropReason::Protocol);
+            }
+            return Ok(());
+        }
+        let peer = &self.peers[p as usize];
+        if (h.msg_id.wrapping_sub(peer.next_match) as i32) < 0 {
+            // A message that was matched already cannot start again.
+            return Err(DropReason::Protocol);
+        }
+        let charge = eager_charge(h.msg_len);
+        if peer.held + charge > self.peer_credit {
+            // The sender overran its credits.
+            return Err(DropReason::Protocol);
+        }
+        if self.msg_free.available() == 0 {
+            // Not acknowledged: the sender will try again.
+            return Err(DropReason::Resources);
+        }
+        Ok(())
+    }
+
+    /// Applies a new EAGER fragment (checked by [`check_eager`](Self::check_eager)).
+    pub(crate) fn on_eager(&mut self, now: Time, p: u16, h: &Header, payload: &[u8]) {
+        // No open message from this peer: no need to look one up (the common case).
+        let open = !self.peers[p as usize].msgs.is_empty();
+        if let Some(&m) = open
+            .then(|| self.msg_map.get(&msg_key(p, h.msg_id)))
+            .flatten()
+        {
+            self.deliver_eager(m, h.frag_offset, payload);
+            return;
+        }
+        let peer = &self.peers[p as usize];
+        if h.msg_id == peer.next_match && payload.len() as u64 == h.msg_len {
+            // Fast path: the whole message, matchable now.
+            let r = self.find_posted(p, h.match_bits);
+            if r != NIL {
+                self.recv_links.remove(&mut self.posted, r);
+                let slot = &mut self.recvs[r as usize];
+                let n = (slot.buf_len as usize).min(payload.len());
+                let buf = slot.buf.as_mut().expect("posted receive").as_mut();
+                buf[..n].copy_from_slice(&payload[..n]);
+                slot.state = RecvState::Active;
+                let info = super::RecvInfo {
+                    src: self.peers[p as usize].addr,
+                    match_bits: h.match_bits,
+                    msg_len: h.msg_len,
+                    copied: n as u64,
+                    truncated: h.msg_len > slot.buf_len,
+                };
+                let peer = &mut self.peers[p as usize];
+                peer.next_match = peer.next_match.wrapping_add(1);
+                peer.credit_released = peer
+                    .credit_released
+                    .wrapping_add(eager_charge(h.msg_len) as u32);
+                self.complete_recv(r, Ok(info));
+                if open {
+                    self.advance_matching(now, p);
+                }
+                return;
+            }
+        }
+        let Some(m) = self.new_msg(p, h.msg_id, false, h.match_bits, h.msg_len) else {
+            // Cannot happen: check_eager saw room and credits bound the store.
+            debug_assert!(false, "unexpected store exhausted despite credits");
+            return;
+        };
+        self.deliver_eager(m, h.frag_offset, payload);
+        if h.msg_id == self.peers[p as usize].next_match {
+            self.advance_matching(now, p);
+        }
+    }
+
+    fn deliver_eager(&mut self, m: u32, offset: u64, data: &[u8]) {
+        let msg = &mut self.msgs[m as usize];
+        msg.received += data.len() as u64;
+        if msg.state == MsgState::Bound {
+            let msg = *msg;
+            let r = msg.recv;
+            let slot = &mut self.recvs[r as usize];
+            if offset < slot.buf_len {
+                let n = ((slot.buf_len - offset) as usize).min(data.len());
+                let buf = slot.buf.as_mut().expect("bound receive").as_mut();
+                let o = offset as usize;
+                buf[o..o + n].copy_from_slice(&data[..n]);
+            }
+            if msg.received == msg.len {
+                let info = self.recv_info(&msg, r);
+                self.complete_recv(r, Ok(info));
+            }
+        } else {
+            self.store.write(msg.store, offset, data);
+        }
+    }
+}

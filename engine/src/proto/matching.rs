@@ -1,0 +1,302 @@
+//! MX matching rule and the bounded store for unexpected messages.
+//!
+//! A receive matches a message when its source filter accepts the sender and
+//! `(msg_bits & mask) == (recv_bits & mask)`. Messages from one sender become matchable
+//! strictly in the order they were sent (their message ids), whatever order their frames
+//! arrive in; a matchable message takes the first posted receive that accepts it, else
+//! it joins the unexpected queue, which later receives search from its head. That gives
+//! MX/MPI's non-overtaking rule per pair.
+//!
+//! The store owns the bytes of unexpected eager messages: a fixed arena cut into
+//! [`CHUNK`]-byte chunks chained per message, so that variable-sized messages never
+//! fragment it. Its size bounds memory; the per-peer credits (see [`eager_charge`])
+//! guarantee that a sender never sends what the store could not hold. The matching
+//! itself (envelopes, the posted and unexpected queues, binding a message to a receive)
+//! is written as methods of the core, which owns those tables. This module copies bytes
+//! in and out and allocates nothing after construction.
+
+use super::core::{msg_key, Core, InMsg, MsgState, RecvState, NO_PEER};
+use super::slab::{FreeList, NIL};
+use super::Time;
+
+/// Size of one store chunk.
+pub const CHUNK: usize = 256;
+/// Credit charged per message on top of its bytes, for its envelope (the record that
+/// holds match bits and length while it waits).
+pub const MSG_OVERHEAD: u64 = 256;
+
+/// Credit bytes an eager message of `len` bytes costs its sender.
+#[inline]
+pub fn eager_charge(len: u64) -> u64 {
+    MSG_OVERHEAD + len.div_ceil(CHUNK as u64) * CHUNK as u64
+}
+
+/// Credit bytes a rendezvous announcement costs its sender.
+#[inline]
+pub fn rts_charge() -> u64 {
+    MSG_OVERHEAD
+}
+
+/// The MX match rule.
+#[inline]
+pub fn matches(msg_bits: u64, recv_bits: u64, mask: u64) -> bool {
+    (msg_bits ^ recv_bits) & mask == 0
+}
+
+/// Chunked byte arena for unexpected eager data.
+#[derive(Debug)]
+pub(crate) struct Store {
+    bytes: Vec<u8>,
+    next: Vec<u32>,
+    free: FreeList,
+}
+
+impl Store {
+    pub(crate) fn new(total: u64) -> Self {
+        let n = (total as usize).div_ceil(CHUNK);
+        Store {
+            bytes: vec![0; n * CHUNK],
+            next: vec![NIL; n],
+            free: FreeList::new(n),
+        }
+    }
+
+    /// Chains enough chunks for `len` bytes; `NIL` for zero bytes, `None` when full.
+    pub(crate) fn alloc(&mut self, len: u64) -> Option<u32> {
+        let n = (len as usize).div_ceil(CHUNK);
+        if self.free.available() < n {
+            return None;
+        }
+        let mut head = NIL;
+        for _ in 0..n {
+            let c = self.free.alloc()?;
+            self.next[c as usize] = head;
+            head = c;
+        }
+        Some(head)
+    }
+
+    pub(crate) fn free(&mut self, mut head: u32) {
+        while head != NIL {
+            let n = self.next[head as usize];
+            self.next[head as usize] = NIL;
+            self.free.release(head);
+            head = n;
+        }
+    }
+
+    /// Copies `data` to byte `offset` of the chain (which must be long enough).
+    pub(crate) fn write(&mut self, head: u32, offset: u64, mut data: &[u8]) {
+        let mut c = head;
+        let mut skip = offset as usize;
+        while skip >= CHUNK && c != NIL {
+            c = self.next[c as usize];
+            skip -= CHUNK;
+        }
+        while !data.is_empty() && c != NIL {
+            let n = (CHUNK - skip).min(data.len());
+            let at = c as usize * CHUNK + skip;
+            self.bytes[at..at + n].copy_from_slice(&data[..n]);
+            data = &data[n..];
+            skip = 0;
+            c = self.next[c as usize];
+        }
+    }
+
+    /// Copies the first `out.len()` bytes of the chain into `out`.
+    pub(crate) fn read(&self, head: u32, out: &mut [u8]) {
+        let mut c = head;
+        let mut done = 0;
+        while done < out.len() && c != NIL {
+            let n = CHUNK.min(out.len() - done);
+            let at = c as usize * CHUNK;
+            out[done..done + n].copy_from_slice(&self.bytes[at..at + n]);
+            done += n;
+            c = self.next[c as usize];
+        }
+    }
+}
+
+// Matching against the core's queues: envelopes, the posted and unexpected queues, binding.
+impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+    /// Allocates an envelope for a new message from `p` (not matchable yet).
+    pub(crate) fn new_msg(
+        &mut self,
+        p: u16,
+        msg_id: u32,
+        rndv: bool,
+        match_bits: u64,
+        len: u64,
+    ) -> Option<u32> {
+        let charge = if rndv {
+            rts_charge()
+        } else {
+            eager_charge(len)
+        };
+        let store = if rndv { NIL } else { self.store.alloc(len)? };
+        let Some(m) = self.msg_free.alloc() else {
+            self.store.free(store);
+            return None;
+        };
+        self.msgs[m as usize] = InMsg {
+            peer: p,
+            msg_id,
+            rndv,
+            match_bits,
+            len,
+            received: 0,
+            state: MsgState::Waiting,
+            recv: NIL,
+            store,
+            charge: charge as u32,
+            orphan: false,
+        };
+        let peer = &mut self.peers[p as usize];
+        peer.held += charge;
+        self.held_total += charge;
+        self.stats.unexpected_high_water = self.stats.unexpected_high_water.max(self.held_total);
+        self.msg_peer_links.push_back(&mut peer.msgs, m);
+        self.msg_map.insert(msg_key(p, msg_id), m);
+        Some(m)
+    }
+
+    /// Gives an envelope's credit back to its sender (it no longer occupies the store).
+    pub(crate) fn release_charge(&mut self, now: Time, m: u32) {
+        let msg = &mut self.msgs[m as usize];
+        let c = msg.charge as u64;
+        if c == 0 {
+            return;
+        }
+        msg.charge = 0;
+        let p = msg.peer;
+        let peer = &mut self.peers[p as usize];
+        peer.held -= c;
+        peer.credit_released = peer.credit_released.wrapping_add(c as u32);
+        self.held_total -= c;
+        // A sender may be waiting on this credit: tell it at once when a good part of its
+        // window came back, otherwise with the next (delayed) ack.
+        let limit = peer.credit_released.wrapping_add(self.peer_credit as u32);
+        if limit.wrapping_sub(peer.credit_advertised) as u64 >= self.peer_credit / 2 {
+            peer.ack_now = true;
+            self.mark_ready(p);
+        } else {
+            self.want_ack(p, now);
+        }
+    }
+
+    /// Frees an envelope (not in the unexpected queue any more).
+    pub(crate) fn free_msg(&mut self, m: u32) {
+        let msg = self.msgs[m as usize];
+        if msg.charge != 0 {
+            // Dropped without binding: the charge simply disappears with the session.
+            let peer = &mut self.peers[msg.peer as usize];
+            peer.held -= msg.charge as u64;
+            self.held_total -= msg.charge as u64;
+        }
+        self.store.free(msg.store);
+        self.msgs[m as usize].store = NIL;
+        self.msgs[m as usize].charge = 0;
+        let peer = &mut self.peers[msg.peer as usize];
+        self.msg_peer_links.remove(&mut peer.msgs, m);
+        if !msg.orphan {
+            self.msg_map.remove(&msg_key(msg.peer, msg.msg_id));
+        }
+        self.msg_free.release(m);
+    }
+
+    /// Binds message `m` (out of any queue) to receive `r` (out of the posted list).
+    pub(crate) fn bind(&mut self, now: Time, m: u32, r: u32) {
+        let msg = self.msgs[m as usize];
+        let slot = &mut self.recvs[r as usize];
+        slot.state = RecvState::Active;
+        slot.msg = m;
+        let engage = slot.inv_peer == NO_PEER;
+        if engage {
+            slot.inv_peer = msg.peer;
+            self.engage(msg.peer, now);
+        }
+        self.msgs[m as usize].state = MsgState::Bound;
+        self.msgs[m as usize].recv = r;
+        self.release_charge(now, m);
+        if msg.rndv {
+            self.start_pull(m, r);
+        } else {
+            // Copy what already arrived; later fragments go straight to the buffer.
+            let slot = &mut self.recvs[r as usize];
+            let n = msg.len.min(slot.buf_len) as usize;
+            if msg.received > 0 && n > 0 {
+                let buf = slot.buf.as_mut().expect("live receive").as_mut();
+                self.store.read(msg.store, &mut buf[..n]);
+            }
+            self.store.free(msg.store);
+            self.msgs[m as usize].store = NIL;
+            if msg.received == msg.len {
+                let info = self.recv_info(&msg, r);
+                self.complete_recv(r, Ok(info));
+            }
+        }
+    }
+
+    /// The first posted receive that takes a message from `p` with `bits`.
+    pub(crate) fn find_posted(&self, p: u16, bits: u64) -> u32 {
+        let mut r = self.posted.head;
+        while r != NIL {
+            let s = &self.recvs[r as usize];
+            if (s.src == NO_PEER || s.src == p) && matches(bits, s.match_bits, s.mask) {
+                return r;
+            }
+            r = self.recv_links.next(r);
+        }
+        NIL
+    }
+
+    /// Matches this peer's messages that became matchable, in message-id order.
+    pub(crate) fn advance_matching(&mut self, now: Time, p: u16) {
+        loop {
+            let next = self.peers[p as usize].next_match;
+            let Some(&m) = self.msg_map.get(&msg_key(p, next)) else {
+                break;
+            };
+            if self.msgs[m as usize].state != MsgState::Waiting {
+                break;
+            }
+            self.peers[p as usize].next_match = next.wrapping_add(1);
+            let r = self.find_posted(p, self.msgs[m as usize].match_bits);
+            if r != NIL {
+                self.recv_links.remove(&mut self.posted, r);
+                self.bind(now, m, r);
+            } else {
+                self.msgs[m as usize].state = MsgState::Unexpected;
+                self.msg_links.push_back(&mut self.unexpected, m);
+                self.stats.unexpected += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_roundtrip_and_bound() {
+        let mut s = Store::new(4 * CHUNK as u64);
+        let h = s.alloc(3 * CHUNK as u64 - 10).unwrap();
+        assert!(s.alloc(2 * CHUNK as u64).is_none());
+        let data: Vec<u8> = (0..3 * CHUNK - 10).map(|i| i as u8).collect();
+        s.write(h, 300, &data[300..]);
+        s.write(h, 0, &data[..300]);
+        let mut out = vec![0; data.len()];
+        s.read(h, &mut out);
+        assert_eq!(out, data);
+        s.free(h);
+        assert!(s.alloc(4 * CHUNK as u64).is_some());
+    }
+
+    #[test]
+    fn match_rule() {
+        assert!(matches(0xab, 0xa0, 0xf0));
+        assert!(!matches(0xab, 0xa0, 0xff));
+        assert!(matches(1, 2, 0));
+    }
+}

@@ -1,0 +1,428 @@
+//! The protocol state machines: reliability, eager and rendezvous protocols, matching.
+//!
+//! Everything here is sans-IO. The [`Core`] takes untrusted frames, the current time and
+//! application requests in, and gives frames, wake-up times and completions out. It owns
+//! no clock, no thread, no socket and no DPDK object, and it never copies payload on the
+//! send side: data frames leave as a [`PayloadRef`] into the send's buffer. It must not
+//! grow: every table is sized from [`CoreConfig`] when the core is built.
+//!
+//! Submodules, bottom up:
+//! - [`reliability`]: per-pair sequence numbers, cumulative + selective acks, RTT and
+//!   retransmission timeout.
+//! - [`matching`]: the MX match rule and the bounded unexpected-message store.
+//! - [`peer`]: one remote endpoint's session state (epochs, credits, queues, timers).
+//! - [`stats`]: per-peer and core-wide counters.
+//! - [`core`]: the [`Core`] that ties them together and its driving surface; the eager
+//!   and rendezvous protocols live beside it in `eager.rs` and `rendezvous.rs`.
+//!
+//! # Design in brief
+//! - **Frames** ([`crate::wire`]): one fixed 76-byte header after Ethernet; control frames
+//!   (HELLO, ACK, PULL, NOTIFY) have no body, data frames (EAGER, PULL_DATA) carry
+//!   payload right after the header.
+//! - **Reliability**, per ordered endpoint pair: 32-bit sequence numbers on reliable
+//!   frames, selective repeat within a 64-frame window. Every header carries the
+//!   cumulative ack and a 64-bit SACK bitmap; pure ACKs go out after `ack_every` frames or
+//!   `ack_delay`, at once on a gap or duplicate. Loss is detected by three later SACKed
+//!   frames (first transmissions) or, RACK-style, by a later-sent frame being acked, and
+//!   by the retransmission timeout (RFC 6298 estimate, exponential backoff).
+//! - **Credits**: the unexpected store is split evenly among peers; a sender charges each
+//!   message against its share before sending it, and the receiver returns the charge when
+//!   the message binds to a receive. So the store can never overflow, and nothing that
+//!   was sent is ever dropped for lack of room.
+//! - **Sessions**: HELLO handshake learns the peer's epoch; frames name both epochs; a
+//!   higher epoch means a restart and fails the old session's requests; silence past
+//!   `peer_timeout` while something waits on the peer declares it unreachable; keepalive
+//!   probes (ACKs asking for an ACK) keep a quiet but living peer alive.
+//! - **Eager** up to `eager_threshold`, **rendezvous** above it: RTS, then
+//!   receiver-paced pulls of `pull_block` bytes, `pull_inflight` at a time, answered by
+//!   zero-copy data frames, then NOTIFY.
+
+pub mod core;
+mod eager;
+pub mod matching;
+pub mod peer;
+pub mod reliability;
+mod rendezvous;
+mod slab;
+pub mod stats;
+
+pub use self::core::{
+    Completion, Core, PayloadRef, ProbeInfo, RecvDone, RecvInfo, SendDone, Transmit,
+};
+pub use self::stats::{CoreStats, PeerInfo, PeerStats};
+pub use crate::wire::{DropReason, MacAddr};
+
+use ::core::fmt;
+use ::core::ops::{Add, Sub};
+use ::core::time::Duration;
+
+/// A point in time, in nanoseconds since an origin the runtime chooses (monotonic).
+///
+/// The core never reads a clock: every entry point that needs the time takes one.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Time(pub u64);
+
+impl Time {
+    /// The origin.
+    pub const ZERO: Time = Time(0);
+    /// Later than any real time; used for "no deadline".
+    pub const NEVER: Time = Time(u64::MAX);
+    /// From nanoseconds.
+    pub const fn from_nanos(ns: u64) -> Time {
+        Time(ns)
+    }
+    /// From microseconds.
+    pub const fn from_micros(us: u64) -> Time {
+        Time(us * 1_000)
+    }
+    /// Nanoseconds since the origin.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+    /// Time elapsed since `earlier`, zero if `earlier` is later.
+    pub fn saturating_since(self, earlier: Time) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl fmt::Debug for Time {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == Time::NEVER {
+            write!(f, "never")
+        } else {
+            write!(f, "{}.{:03}us", self.0 / 1000, self.0 % 1000)
+        }
+    }
+}
+
+impl Add<Duration> for Time {
+    type Output = Time;
+    #[inline]
+    fn add(self, d: Duration) -> Time {
+        Time(
+            self.0
+                .saturating_add(d.as_nanos().min(u64::MAX as u128) as u64),
+        )
+    }
+}
+
+impl Sub<Time> for Time {
+    type Output = Duration;
+    #[inline]
+    fn sub(self, rhs: Time) -> Duration {
+        self.saturating_since(rhs)
+    }
+}
+
+/// An endpoint's address in the cluster: node number and endpoint on that node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Addr {
+    /// Node number.
+    pub node: u16,
+    /// Endpoint on the node.
+    pub endpoint: u8,
+}
+
+impl Addr {
+    /// Builds an address.
+    pub const fn new(node: u16, endpoint: u8) -> Addr {
+        Addr { node, endpoint }
+    }
+    #[inline]
+    pub(crate) fn key(self) -> u32 {
+        (self.node as u32) << 8 | self.endpoint as u32
+    }
+}
+
+/// Index of a peer in a core's peer table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u16);
+
+/// Handle of a send or receive request. Plain data; stale handles are detected by a
+/// generation number, so using one after its completion is harmless.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl RequestId {
+    const RECV_BIT: u64 = 1 << 63;
+    #[inline]
+    pub(crate) fn send(idx: u32, gen: u32) -> Self {
+        RequestId(((gen as u64 & 0x7fff_ffff) << 32) | idx as u64)
+    }
+    #[inline]
+    pub(crate) fn recv(idx: u32, gen: u32) -> Self {
+        RequestId(Self::RECV_BIT | ((gen as u64 & 0x7fff_ffff) << 32) | idx as u64)
+    }
+    /// Whether this is a receive request.
+    #[inline]
+    pub fn is_recv(self) -> bool {
+        self.0 & Self::RECV_BIT != 0
+    }
+    #[inline]
+    pub(crate) fn index(self) -> usize {
+        (self.0 & 0xffff_ffff) as usize
+    }
+    #[inline]
+    pub(crate) fn gen(self) -> u32 {
+        ((self.0 >> 32) & 0x7fff_ffff) as u32
+    }
+}
+
+/// Which bytes the checksum field covers on the frames a core sends, and the least it
+/// accepts on the frames it receives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ChecksumMode {
+    /// No checksum: rely on the Ethernet FCS (what Open-MX does).
+    Off,
+    /// The emx header only: garbage and corrupted headers are always caught, the
+    /// payload is left to the Ethernet FCS, so zero-copy sends never touch it.
+    Header,
+    /// Header and payload: the core reads every payload byte on both sides. For links
+    /// that may corrupt data past the FCS (and for the simulator's corruption tests).
+    Full,
+}
+
+/// Configuration of a [`Core`]. Every table is sized from it once, at construction.
+///
+/// The protocol assumes that every core of a cluster runs the same configuration
+/// (EtherType, cluster id, MTU, eager threshold, window, unexpected bytes, max peers).
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    /// EtherType of emx frames.
+    pub ethertype: u16,
+    /// Cluster id: frames of other clusters on the same wire are dropped.
+    pub cluster: u16,
+    /// Link MTU (Ethernet payload bytes): frame payload is `mtu - 76`.
+    pub mtu: usize,
+    /// Most peers the table holds.
+    pub max_peers: usize,
+    /// Most outstanding sends.
+    pub max_sends: usize,
+    /// Most outstanding receives (posted or in progress).
+    pub max_recvs: usize,
+    /// Send window in frames per peer (at most 64, the selective-ack bitmap's span).
+    pub window: u32,
+    /// Messages up to this many bytes go eager; longer ones use rendezvous.
+    pub eager_threshold: u64,
+    /// Bytes of the unexpected-message store (split evenly among peers as credits).
+    pub unexpected_bytes: u64,
+    /// Bytes one rendezvous pull asks for.
+    pub pull_block: u32,
+    /// Pulls one rendezvous receive keeps in flight (1..=8).
+    pub pull_inflight: u8,
+    /// Longest an acknowledgement waits to be coalesced or piggybacked.
+    pub ack_delay: Duration,
+    /// Acknowledge at once after this many unacknowledged in-order frames.
+    pub ack_every: u32,
+    /// Retransmission timeout before the first RTT sample.
+    pub rto_initial: Duration,
+    /// Lower bound of the retransmission timeout.
+    pub rto_min: Duration,
+    /// Upper bound of the retransmission timeout (after backoff).
+    pub rto_max: Duration,
+    /// Probe a peer that we wait on after this much silence.
+    pub keepalive: Duration,
+    /// Declare a peer we wait on unreachable after this much silence.
+    pub peer_timeout: Duration,
+    /// Checksum coverage.
+    pub checksum: ChecksumMode,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            ethertype: crate::wire::DEFAULT_ETHERTYPE,
+            cluster: 1,
+            mtu: 1500,
+            max_peers: 64,
+            max_sends: 1024,
+            max_recvs: 1024,
+            window: 64,
+            eager_threshold: 32 * 1024,
+            unexpected_bytes: 4 << 20,
+            pull_block: 64 * 1024,
+            pull_inflight: 4,
+            ack_delay: Duration::from_micros(20),
+            ack_every: 16,
+            rto_initial: Duration::from_millis(1),
+            rto_min: Duration::from_micros(200),
+            rto_max: Duration::from_millis(100),
+            keepalive: Duration::from_millis(10),
+            peer_timeout: Duration::from_secs(1),
+            checksum: ChecksumMode::Header,
+        }
+    }
+}
+
+impl CoreConfig {
+    /// Payload bytes one frame carries.
+    #[inline]
+    pub fn frame_payload(&self) -> usize {
+        self.mtu.saturating_sub(crate::wire::EMX_HEADER_LEN)
+    }
+
+    /// Credit bytes each peer may have charged against the unexpected store.
+    pub fn peer_credit(&self) -> u64 {
+        self.unexpected_bytes / self.max_peers.max(1) as u64
+    }
+
+    /// Checks the configuration for contradictions.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        use ConfigError as E;
+        if self.mtu < crate::wire::EMX_HEADER_LEN + 64 || self.mtu > 65535 {
+            return Err(E::Mtu(self.mtu));
+        }
+        if self.window == 0 || self.window > 64 {
+            return Err(E::Window(self.window));
+        }
+        if self.max_peers == 0 || self.max_peers > u16::MAX as usize {
+            return Err(E::Table("max_peers"));
+        }
+        if self.max_sends == 0 || self.max_sends > (1 << 24) {
+            return Err(E::Table("max_sends"));
+        }
+        if self.max_recvs == 0 || self.max_recvs > (1 << 24) {
+            return Err(E::Table("max_recvs"));
+        }
+        if self.pull_inflight == 0 || self.pull_inflight > 8 || self.pull_block == 0 {
+            return Err(E::Pull);
+        }
+        if self.peer_credit() > (1 << 30)
+            || self.peer_credit() < matching::eager_charge(self.eager_threshold)
+        {
+            return Err(E::Credits {
+                credit: self.peer_credit(),
+                need: matching::eager_charge(self.eager_threshold),
+            });
+        }
+        // A delayed ack must come back before the sender's timer fires, and a peer must
+        // get probed before it is declared dead.
+        if self.rto_min > self.rto_max
+            || self.rto_min.is_zero()
+            || self.ack_every == 0
+            || self.ack_delay >= self.rto_min
+            || self.keepalive.is_zero()
+            || self.keepalive >= self.peer_timeout
+        {
+            return Err(E::Timers);
+        }
+        Ok(())
+    }
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// MTU too small for a header and some payload, or too large for the length field.
+    #[error("mtu {0} out of range")]
+    Mtu(usize),
+    /// Window outside 1..=64.
+    #[error("window {0} out of range 1..=64")]
+    Window(u32),
+    /// A table size out of range.
+    #[error("{0} out of range")]
+    Table(&'static str),
+    /// Pull parameters out of range.
+    #[error("pull_block must be > 0 and pull_inflight in 1..=8")]
+    Pull,
+    /// The per-peer share of the unexpected store cannot hold one eager message.
+    #[error("per-peer credit {credit} bytes cannot hold one eager message ({need} bytes)")]
+    Credits {
+        /// Credit per peer.
+        credit: u64,
+        /// Credit one eager message of threshold size needs.
+        need: u64,
+    },
+    /// Timer bounds contradict each other.
+    #[error("timer settings contradict each other")]
+    Timers,
+}
+
+/// Why a peer could not be added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// The table holds `max_peers` already.
+    #[error("peer table full")]
+    TableFull,
+    /// The address is in the table already.
+    #[error("peer already known")]
+    Duplicate,
+    /// The address is the core's own.
+    #[error("cannot add self as a peer")]
+    SelfAddress,
+}
+
+/// Why a send was refused at once (its buffer comes back in [`Rejected`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// No such peer in the table.
+    #[error("unknown peer")]
+    UnknownPeer,
+    /// `max_sends` sends are outstanding.
+    #[error("too many outstanding sends")]
+    TooManySends,
+    /// Longer than the wire format allows.
+    #[error("message too long")]
+    TooLong,
+    /// The peer was declared unreachable and has not come back with a new epoch.
+    #[error("peer unreachable")]
+    PeerUnreachable,
+}
+
+/// Why a receive was refused at once (its buffer comes back in [`Rejected`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RecvError {
+    /// The source is not in the peer table.
+    #[error("unknown peer")]
+    UnknownPeer,
+    /// `max_recvs` receives are outstanding.
+    #[error("too many outstanding receives")]
+    TooManyRecvs,
+    /// The source was declared unreachable.
+    #[error("peer unreachable")]
+    PeerUnreachable,
+}
+
+/// A refused request: the error and the caller's buffer, handed back.
+pub struct Rejected<E, B> {
+    /// Why.
+    pub error: E,
+    /// The buffer the request carried.
+    pub buf: B,
+}
+
+impl<E: fmt::Debug, B> fmt::Debug for Rejected<E, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The buffer may be large: leave it out.
+        f.debug_struct("Rejected")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: fmt::Display, B> fmt::Display for Rejected<E, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<E: std::error::Error + 'static, B> std::error::Error for Rejected<E, B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// How an accepted request ended other than by success (a lifecycle outcome, not a
+/// frame-level protocol violation: those are [`DropReason`]s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The receive was cancelled before it matched.
+    #[error("cancelled")]
+    Cancelled,
+    /// The peer stayed silent past the deadline.
+    #[error("peer unreachable")]
+    PeerUnreachable,
+    /// The peer restarted (came back with a new epoch); its old session is gone.
+    #[error("peer restarted")]
+    PeerRestarted,
+}

@@ -1,0 +1,289 @@
+//! One remote endpoint as a core sees it: session epochs, the send and receive halves of
+//! the reliable stream, credits, the per-peer queues and the liveness timers, plus the
+//! session lifecycle the core runs on it (involvement, probe and death deadlines, failing
+//! a peer's requests, starting a session over).
+//!
+//! An idle peer costs `size_of::<Peer>()` bytes plus one entry in the address map, and
+//! nothing else: frame records, requests and message envelopes live in shared,
+//! preallocated tables and are only linked from here. This module must not emit frames.
+
+use super::core::{msg_key, Core, MsgState, NO_PEER};
+use super::reliability::{RecvWindow, RttEstimator};
+use super::slab::{List, NIL};
+use super::stats::PeerStats;
+use super::RequestError;
+use super::{Addr, Time};
+use crate::wire::MacAddr;
+use core::time::Duration;
+
+/// Session state of one peer.
+#[derive(Debug, Clone)]
+pub(crate) struct Peer {
+    pub(crate) addr: Addr,
+    pub(crate) mac: MacAddr,
+
+    // Session.
+    /// The peer's epoch (0: not known yet).
+    pub(crate) epoch: u32,
+    /// Declared unreachable; frames of epochs up to `dead_epoch` are refused.
+    pub(crate) dead: bool,
+    pub(crate) dead_epoch: u32,
+
+    // Send half.
+    pub(crate) snd_next: u32,
+    /// Reliable frames sent and not acknowledged, in sequence order.
+    pub(crate) inflight: List,
+    /// Control frames (pull, notify) waiting for a sequence number.
+    pub(crate) ctrl: List,
+    /// In-flight frames marked lost, waiting for retransmission.
+    pub(crate) lost: u32,
+    pub(crate) rtt: RttEstimator,
+    pub(crate) rto_at: Time,
+    /// Send time of the most recently sent frame that was acknowledged (loss detection).
+    pub(crate) latest_acked_sent: Time,
+    /// When the oldest in-flight frame last moved: an ack made progress, or a frame went
+    /// out with nothing in flight.
+    pub(crate) progress_at: Time,
+    pub(crate) credit_limit: u32,
+    pub(crate) credit_used: u32,
+    pub(crate) credit_known: bool,
+    pub(crate) credit_stalled: bool,
+    pub(crate) window_stalled: bool,
+    pub(crate) next_msg_id: u32,
+    /// Sends to this peer in message order.
+    pub(crate) sends: List,
+    /// First send with frames still to send for the first time.
+    pub(crate) cursor: u32,
+    /// Rendezvous sends with pulled data to send.
+    pub(crate) pulls: List,
+
+    // Receive half.
+    pub(crate) rcv: RecvWindow,
+    pub(crate) unacked: u32,
+    pub(crate) ack_at: Time,
+    pub(crate) ack_now: bool,
+    pub(crate) credit_released: u32,
+    /// The credit limit in the last frame sent to the peer.
+    pub(crate) credit_advertised: u32,
+    /// Credit charge of this peer's messages held in the unexpected store.
+    pub(crate) held: u64,
+    pub(crate) next_match: u32,
+    /// Message envelopes from this peer.
+    pub(crate) msgs: List,
+
+    // Liveness.
+    pub(crate) last_heard: Time,
+    pub(crate) live_base: Time,
+    pub(crate) last_probe: Time,
+    pub(crate) involved: u32,
+    pub(crate) hello_now: bool,
+    pub(crate) ping_now: bool,
+    pub(crate) in_ready: bool,
+    /// Whose turn it is for the next new frame: messages or rendezvous data.
+    pub(crate) msgs_turn: bool,
+
+    pub(crate) stats: PeerStats,
+}
+
+impl Peer {
+    pub(crate) fn new(addr: Addr, mac: MacAddr, rto_initial: Duration) -> Self {
+        Peer {
+            addr,
+            mac,
+            epoch: 0,
+            dead: false,
+            dead_epoch: 0,
+            snd_next: 0,
+            inflight: List::default(),
+            ctrl: List::default(),
+            lost: 0,
+            rtt: RttEstimator::new(rto_initial),
+            rto_at: Time::NEVER,
+            latest_acked_sent: Time::ZERO,
+            progress_at: Time::ZERO,
+            credit_limit: 0,
+            credit_used: 0,
+            credit_known: false,
+            credit_stalled: false,
+            window_stalled: false,
+            next_msg_id: 0,
+            sends: List::default(),
+            cursor: NIL,
+            pulls: List::default(),
+            rcv: RecvWindow::default(),
+            unacked: 0,
+            ack_at: Time::NEVER,
+            ack_now: false,
+            credit_released: 0,
+            credit_advertised: 0,
+            held: 0,
+            next_match: 0,
+            msgs: List::default(),
+            last_heard: Time::ZERO,
+            live_base: Time::ZERO,
+            last_probe: Time::ZERO,
+            involved: 0,
+            hello_now: false,
+            ping_now: false,
+            in_ready: false,
+            msgs_turn: false,
+            stats: PeerStats::default(),
+        }
+    }
+
+    /// Whether something waits on this peer, so that its silence matters.
+    #[inline]
+    pub(crate) fn monitored(&self) -> bool {
+        self.involved > 0 || !self.inflight.is_empty() || !self.ctrl.is_empty()
+    }
+}
+// Session lifecycle and liveness, driven by the core: involvement, deadlines, failing a
+// peer's requests and starting its session over.
+impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+    /// Counts one more request that involves peer `p` (its silence now matters).
+    pub(crate) fn engage(&mut self, p: u16, now: Time) {
+        let peer = &mut self.peers[p as usize];
+        if !peer.monitored() {
+            peer.live_base = now;
+        }
+        peer.involved += 1;
+        if peer.epoch == 0 && !peer.hello_now {
+            peer.hello_now = true;
+            peer.last_probe = now;
+            self.mark_ready(p);
+        }
+    }
+
+    pub(crate) fn disengage(&mut self, p: u16) {
+        if p != NO_PEER {
+            let peer = &mut self.peers[p as usize];
+            peer.involved = peer.involved.saturating_sub(1);
+        }
+    }
+
+    pub(crate) fn peer_deadline(&self, p: &Peer) -> Time {
+        let mut t = p.ack_at.min(p.rto_at);
+        if p.monitored() && !p.dead {
+            t = t.min(self.probe_at(p)).min(self.dead_at(p));
+        }
+        t
+    }
+
+    pub(crate) fn probe_interval(&self, p: &Peer) -> core::time::Duration {
+        if p.epoch == 0 || (p.credit_stalled && p.inflight.is_empty()) {
+            p.rtt.rto(self.cfg.rto_max).min(self.cfg.keepalive)
+        } else {
+            self.cfg.keepalive
+        }
+    }
+
+    pub(crate) fn probe_at(&self, p: &Peer) -> Time {
+        p.last_heard.max(p.last_probe).max(p.live_base) + self.probe_interval(p)
+    }
+
+    pub(crate) fn dead_at(&self, p: &Peer) -> Time {
+        let silent = p.last_heard.max(p.live_base) + self.cfg.peer_timeout;
+        if p.inflight.is_empty() {
+            return silent;
+        }
+        // A peer that answers but never acknowledges what we send is no better than a
+        // silent one (a link that works one way only, a peer that refuses our frames).
+        silent.min(p.progress_at + self.cfg.peer_timeout)
+    }
+
+    pub(crate) fn declare_dead(&mut self, p: u16) {
+        self.fail_peer(p, RequestError::PeerUnreachable);
+        self.reset_session(p);
+        let peer = &mut self.peers[p as usize];
+        peer.dead = true;
+        peer.dead_epoch = peer.epoch;
+        peer.epoch = 0;
+    }
+
+    /// Fails every request that involves `p`.
+    pub(crate) fn fail_peer(&mut self, p: u16, err: RequestError) {
+        // Frames first, so that no send is still referenced.
+        self.free_frames(p);
+        while self.peers[p as usize].sends.head != NIL {
+            let i = self.peers[p as usize].sends.head;
+            self.sends[i as usize].inflight = 0;
+            self.complete_send(i, Err(err));
+        }
+        // Envelopes: bound ones fail their receive, complete unexpected eager messages stay
+        // (they were delivered and acknowledged), the rest are dropped.
+        let mut m = self.peers[p as usize].msgs.head;
+        while m != NIL {
+            let next = self.msg_peer_links.next(m);
+            let msg = self.msgs[m as usize];
+            match msg.state {
+                MsgState::Bound => self.complete_recv(msg.recv, Err(err)),
+                MsgState::Waiting => self.free_msg(m),
+                MsgState::Unexpected => {
+                    if msg.rndv || msg.received < msg.len {
+                        self.msg_links.remove(&mut self.unexpected, m);
+                        self.free_msg(m);
+                    } else if !msg.orphan {
+                        self.msg_map.remove(&msg_key(p, msg.msg_id));
+                        self.msgs[m as usize].orphan = true;
+                    }
+                }
+            }
+            m = next;
+        }
+        // Posted receives that name this peer: a restarted peer may still send them a
+        // message in its new session, an unreachable one cannot.
+        if err != RequestError::PeerUnreachable {
+            return;
+        }
+        let mut r = self.posted.head;
+        while r != NIL {
+            let next = self.recv_links.next(r);
+            if self.recvs[r as usize].src == p {
+                self.recv_links.remove(&mut self.posted, r);
+                self.complete_recv(r, Err(err));
+            }
+            r = next;
+        }
+    }
+
+    pub(crate) fn free_frames(&mut self, p: u16) {
+        let peer = &mut self.peers[p as usize];
+        while let Some(i) = self.frame_links.pop_front(&mut peer.inflight) {
+            self.frame_free.release(i);
+        }
+        while let Some(i) = self.frame_links.pop_front(&mut peer.ctrl) {
+            self.frame_free.release(i);
+        }
+        peer.lost = 0;
+    }
+
+    /// Starts both halves of the stream over (after `fail_peer`).
+    pub(crate) fn reset_session(&mut self, p: u16) {
+        self.free_frames(p);
+        let rto = self.cfg.rto_initial;
+        let peer = &mut self.peers[p as usize];
+        debug_assert!(peer.sends.is_empty() && peer.pulls.is_empty());
+        peer.snd_next = 0;
+        peer.rtt = RttEstimator::new(rto);
+        peer.rto_at = Time::NEVER;
+        peer.latest_acked_sent = Time::ZERO;
+        peer.credit_limit = 0;
+        peer.credit_used = 0;
+        peer.credit_known = false;
+        peer.credit_stalled = false;
+        peer.window_stalled = false;
+        peer.next_msg_id = 0;
+        peer.cursor = NIL;
+        peer.pulls = List::default();
+        peer.rcv = Default::default();
+        peer.unacked = 0;
+        peer.ack_at = Time::NEVER;
+        peer.ack_now = false;
+        // Messages kept from the old session still hold their charge: the new session's
+        // window starts that much smaller and grows back as they are taken.
+        peer.credit_released = 0u32.wrapping_sub(peer.held as u32);
+        peer.next_match = 0;
+        peer.hello_now = false;
+        peer.ping_now = false;
+    }
+}

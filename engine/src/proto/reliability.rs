@@ -1,0 +1,352 @@
+//! Per-pair reliability: the receive-side sequence window with its cumulative and
+//! selective acknowledgement, the RTT estimator that sets the retransmission timeout, and
+//! the sender's half (acks in, loss detection, timeouts) as methods of the core, which
+//! owns the in-flight frame records.
+//!
+//! The scheme is selective repeat. Each direction of an endpoint pair numbers its
+//! reliable frames with a 32-bit sequence number. The receiver accepts any frame within
+//! 64 sequence numbers of the next one it expects, processes it at once (the eager and
+//! rendezvous layers are written so that frame order does not matter to them), and
+//! reports `ack` (the next sequence number expected: everything below arrived) plus a
+//! 64-bit bitmap of the frames received above it. Acks ride on every frame; a pure ack is
+//! sent only after `ack_every` frames, after `ack_delay`, or at once when a gap or a
+//! duplicate shows that the sender needs to hear (fast retransmit). The sender marks a
+//! frame lost when three later first transmissions were selectively acked, when a frame
+//! sent later than it (by more than a quarter RTT) was acked (RACK), or when the
+//! retransmission timeout expires (exponential backoff); lost frames go out again, with
+//! their original sequence number, before any new frame. This module does not emit frames
+//! or decide what to send next: that is the core's transmit path.
+
+use super::core::Core;
+use super::slab::NIL;
+use super::Time;
+use crate::wire::{DropReason, FrameType, Header};
+use core::time::Duration;
+
+/// What to do with an arriving reliable frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accept {
+    /// New: process it. `in_order` when it was the next one expected.
+    New {
+        /// Whether the frame filled the head of the window.
+        in_order: bool,
+    },
+    /// Seen before: drop it, but ack promptly (the sender missed our ack).
+    Duplicate,
+    /// Beyond the window: drop it, the sender broke the window.
+    OutOfWindow,
+}
+
+/// The receive side of one direction of a pair: next expected sequence number and the
+/// bitmap of frames received beyond it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecvWindow {
+    /// Next sequence number expected; every lower one has arrived.
+    pub next: u32,
+    /// Bit i set: sequence number `next + 1 + i` has arrived.
+    pub sack: u64,
+}
+
+impl RecvWindow {
+    /// Classifies `seq` without changing anything.
+    #[inline]
+    pub fn check(&self, seq: u32) -> Accept {
+        let d = seq.wrapping_sub(self.next);
+        if d == 0 {
+            Accept::New { in_order: true }
+        } else if (d as i32) < 0 {
+            Accept::Duplicate
+        } else if d <= 64 {
+            if self.sack & (1u64 << (d - 1)) != 0 {
+                Accept::Duplicate
+            } else {
+                Accept::New { in_order: false }
+            }
+        } else {
+            Accept::OutOfWindow
+        }
+    }
+
+    /// Records `seq` as received; it must have been classified [`Accept::New`].
+    #[inline]
+    pub fn commit(&mut self, seq: u32) {
+        let d = seq.wrapping_sub(self.next);
+        if d == 0 {
+            // Slide past the new frame and every already-received one after it.
+            let ext = ((self.sack as u128) << 1) | 1;
+            let t = ext.trailing_ones();
+            self.next = self.next.wrapping_add(t);
+            self.sack = (ext >> t >> 1) as u64;
+        } else {
+            debug_assert!((1..=64).contains(&d));
+            self.sack |= 1u64 << (d - 1);
+        }
+    }
+}
+
+/// Smoothed RTT and retransmission timeout (RFC 6298 arithmetic, in nanoseconds).
+#[derive(Debug, Clone, Copy)]
+pub struct RttEstimator {
+    srtt: u64,
+    rttvar: u64,
+    rto: u64,
+    backoff: u8,
+}
+
+impl RttEstimator {
+    /// A fresh estimator whose timeout is `initial`.
+    pub fn new(initial: Duration) -> Self {
+        RttEstimator {
+            srtt: 0,
+            rttvar: 0,
+            rto: initial.as_nanos() as u64,
+            backoff: 0,
+        }
+    }
+
+    /// Feeds one sample (from a frame that was not retransmitted: Karn's rule).
+    #[inline]
+    pub fn sample(&mut self, rtt: Duration, min: Duration, max: Duration) {
+        let r = rtt.as_nanos() as u64;
+        if self.srtt == 0 {
+            self.srtt = r.max(1);
+            self.rttvar = r / 2;
+        } else {
+            let err = self.srtt.abs_diff(r);
+            self.rttvar = (3 * self.rttvar + err) / 4;
+            self.srtt = (7 * self.srtt + r) / 8;
+        }
+        let rto = self.srtt + (4 * self.rttvar).max(1000);
+        self.rto = rto.clamp(min.as_nanos() as u64, max.as_nanos() as u64);
+    }
+
+    /// The smoothed RTT (zero before the first sample).
+    #[inline]
+    pub fn srtt(&self) -> Duration {
+        Duration::from_nanos(self.srtt)
+    }
+
+    /// The retransmission timeout with the current backoff applied.
+    #[inline]
+    pub fn rto(&self, max: Duration) -> Duration {
+        let r = self.rto.saturating_mul(1u64 << self.backoff.min(20));
+        Duration::from_nanos(r.min(max.as_nanos() as u64))
+    }
+
+    /// Doubles the timeout after it expired.
+    pub fn back_off(&mut self) {
+        self.backoff = self.backoff.saturating_add(1).min(20);
+    }
+
+    /// Forgets the backoff after an ack made progress.
+    #[inline]
+    pub fn reset_backoff(&mut self) {
+        self.backoff = 0;
+    }
+}
+
+/// Whether `a` comes before `b` in wrapping 32-bit sequence space.
+#[inline]
+pub fn seq_lt(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+// The sender's half: acks in, loss detection, retransmission timeout. The frame
+// records live in the core's tables, so this half is written against the core.
+impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+    /// An ack that acknowledges frames never sent is a lie.
+    pub(crate) fn check_ack(&self, p: u16, h: &Header) -> Result<(), DropReason> {
+        let peer = &self.peers[p as usize];
+        let una = if peer.inflight.is_empty() {
+            peer.snd_next
+        } else {
+            self.frames[peer.inflight.head as usize].seq
+        };
+        let ahead = h.ack.wrapping_sub(una);
+        let span = peer.snd_next.wrapping_sub(una);
+        if (ahead as i32) > 0 && ahead > span {
+            return Err(DropReason::Protocol);
+        }
+        Ok(())
+    }
+
+    /// Applies the ack fields of a frame of the current session.
+    pub(crate) fn on_ack(&mut self, now: Time, p: u16, h: &Header) {
+        let peer = &mut self.peers[p as usize];
+        // Credit: the newest limit wins (frames may arrive out of order).
+        if !peer.credit_known || (h.credit.wrapping_sub(peer.credit_limit) as i32) > 0 {
+            peer.credit_limit = h.credit;
+            peer.credit_known = true;
+            if peer.credit_stalled {
+                peer.credit_stalled = false;
+            }
+        }
+        if peer.inflight.is_empty() {
+            return;
+        }
+        let mut progress = false;
+        let mut i = peer.inflight.head;
+        let mut latest = peer.latest_acked_sent;
+        // Karn: sample only frames sent once; one sample per ack, from the newest.
+        let mut sample_from = Time::ZERO;
+        let mut sampled = false;
+        while i != NIL {
+            let next = self.frame_links.next(i);
+            let f = self.frames[i as usize];
+            let d = f.seq.wrapping_sub(h.ack) as i32;
+            if d > 64 {
+                break;
+            }
+            let acked = d < 0 || (d > 0 && h.sack & (1u64 << (d - 1)) != 0);
+            if acked {
+                let peer = &mut self.peers[p as usize];
+                if f.retx == 0 && f.sent_at >= sample_from {
+                    sample_from = f.sent_at;
+                    sampled = true;
+                }
+                if f.sent_at > latest {
+                    latest = f.sent_at;
+                }
+                if f.lost {
+                    peer.lost -= 1;
+                }
+                self.frame_links.remove(&mut peer.inflight, i);
+                self.frame_free.release(i);
+                progress = true;
+                if matches!(
+                    f.kind,
+                    FrameType::Eager | FrameType::Rts | FrameType::PullData
+                ) {
+                    let s = &mut self.sends[f.slot as usize];
+                    s.inflight -= 1;
+                    if s.inflight == 0 {
+                        self.maybe_complete_send(f.slot);
+                    }
+                }
+            }
+            i = next;
+        }
+        let peer = &mut self.peers[p as usize];
+        peer.latest_acked_sent = latest;
+        if sampled {
+            peer.rtt
+                .sample(now - sample_from, self.cfg.rto_min, self.cfg.rto_max);
+        }
+        if progress {
+            peer.progress_at = now;
+            peer.rtt.reset_backoff();
+            peer.rto_at = if peer.inflight.is_empty() {
+                Time::NEVER
+            } else {
+                now + peer.rtt.rto(self.cfg.rto_max)
+            };
+        }
+        if h.sack != 0 && !peer.inflight.is_empty() {
+            // Loss detection: three later frames arrived (first transmissions), or a frame
+            // sent later than this one by more than the reordering window was acked.
+            let reo = peer.rtt.srtt() / 4 + core::time::Duration::from_micros(1);
+            let mut i = peer.inflight.head;
+            while i != NIL {
+                let f = &mut self.frames[i as usize];
+                if !f.lost {
+                    let d = f.seq.wrapping_sub(h.ack);
+                    let above = if d >= 64 {
+                        0
+                    } else {
+                        (h.sack >> d).count_ones()
+                    };
+                    if (f.retx == 0 && above >= 3) || f.sent_at + reo < latest {
+                        f.lost = true;
+                        peer.lost += 1;
+                    }
+                }
+                i = self.frame_links.next(i);
+            }
+        }
+    }
+
+    pub(crate) fn on_rto(&mut self, now: Time, p: u16) {
+        let peer = &mut self.peers[p as usize];
+        let rto = peer.rtt.rto(self.cfg.rto_max);
+        let mut i = peer.inflight.head;
+        let mut marked = false;
+        while i != NIL {
+            let f = &mut self.frames[i as usize];
+            if !f.lost && f.sent_at + rto <= now {
+                f.lost = true;
+                peer.lost += 1;
+                peer.stats.timeouts += 1;
+                marked = true;
+            }
+            i = self.frame_links.next(i);
+        }
+        if marked {
+            peer.rtt.back_off();
+        }
+        peer.rto_at = if peer.inflight.is_empty() {
+            Time::NEVER
+        } else {
+            now + peer.rtt.rto(self.cfg.rto_max)
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_slides_over_filled_gaps() {
+        let mut w = RecvWindow::default();
+        assert_eq!(w.check(1), Accept::New { in_order: false });
+        w.commit(1);
+        w.commit(3);
+        assert_eq!(w.sack, 0b101);
+        assert_eq!(w.check(1), Accept::Duplicate);
+        w.commit(0);
+        assert_eq!(w.next, 2);
+        assert_eq!(w.sack, 0b1);
+        w.commit(2);
+        assert_eq!((w.next, w.sack), (4, 0));
+        assert_eq!(w.check(3), Accept::Duplicate);
+        assert_eq!(w.check(4 + 65), Accept::OutOfWindow);
+        w.commit(4 + 64);
+        assert_eq!(w.sack, 1 << 63);
+    }
+
+    #[test]
+    fn window_wraps() {
+        let mut w = RecvWindow {
+            next: u32::MAX,
+            sack: 0,
+        };
+        w.commit(0);
+        w.commit(u32::MAX);
+        assert_eq!((w.next, w.sack), (1, 0));
+    }
+
+    #[test]
+    fn full_bitmap_slide() {
+        let mut w = RecvWindow::default();
+        for s in 1..=64 {
+            w.commit(s);
+        }
+        assert_eq!(w.sack, u64::MAX);
+        w.commit(0);
+        assert_eq!((w.next, w.sack), (65, 0));
+    }
+
+    #[test]
+    fn rto_backs_off_and_clamps() {
+        let mut r = RttEstimator::new(Duration::from_millis(1));
+        let (min, max) = (Duration::from_micros(100), Duration::from_millis(10));
+        r.sample(Duration::from_micros(10), min, max);
+        assert_eq!(r.rto(max), min);
+        for _ in 0..10 {
+            r.back_off();
+        }
+        assert_eq!(r.rto(max), max);
+        r.reset_backoff();
+        assert_eq!(r.rto(max), min);
+    }
+}

@@ -1,0 +1,265 @@
+//! Rendezvous protocol: above the eager threshold the sender announces the message with
+//! an RTS (match bits, length) and keeps its buffer. The receiver matches the RTS like
+//! any message; once bound it pulls the data in `pull_block` blocks, at most
+//! `pull_inflight` outstanding, so the receiver paces the transfer (Open-MX style). The
+//! sender answers pulls with PULL_DATA frames whose payload is a [`PayloadRef`] into the
+//! send buffer (zero copy), and the receiver places them at their offsets in any order.
+//! When it has what it wants (the message, or the buffer's length if shorter) the
+//! receiver completes and sends NOTIFY; the send completes once NOTIFY came and every
+//! frame it sent was acknowledged.
+//!
+//! The sender keeps one high-water mark of what was pulled (`pull_limit`) instead of a
+//! list of pulls, so a lost or reordered pull never stalls it: data below the mark is
+//! always wanted.
+//!
+//! [`PayloadRef`]: super::PayloadRef
+
+use super::core::{msg_key, Core, MsgState, TxFrame};
+use super::matching::rts_charge;
+use super::slab::NIL;
+use super::Time;
+use crate::wire::{DropReason, FrameType, Header};
+
+impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+    pub(crate) fn check_rts(&self, p: u16, h: &Header) -> Result<(), DropReason> {
+        let peer = &self.peers[p as usize];
+        if self.msg_map.contains_key(&msg_key(p, h.msg_id))
+            || (h.msg_id.wrapping_sub(peer.next_match) as i32) < 0
+            || peer.held + rts_charge() > self.peer_credit
+        {
+            return Err(DropReason::Protocol);
+        }
+        if self.msg_free.available() == 0 {
+            return Err(DropReason::Resources);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn on_rts(&mut self, now: Time, p: u16, h: &Header) {
+        if self
+            .new_msg(p, h.msg_id, true, h.match_bits, h.msg_len)
+            .is_none()
+        {
+            debug_assert!(false, "envelope table exhausted despite check");
+            return;
+        }
+        if h.msg_id == self.peers[p as usize].next_match {
+            self.advance_matching(now, p);
+        }
+    }
+
+    /// Starts pulling message `m` into receive `r` (just bound).
+    pub(crate) fn start_pull(&mut self, m: u32, r: u32) {
+        let msg = self.msgs[m as usize];
+        let slot = &mut self.recvs[r as usize];
+        slot.pull = Default::default();
+        slot.pull.wanted = msg.len.min(slot.buf_len);
+        if slot.pull.wanted == 0 {
+            self.queue_notify(msg.peer, msg.msg_id);
+            let info = self.recv_info(&msg, r);
+            self.complete_recv(r, Ok(info));
+            return;
+        }
+        self.issue_pulls(r);
+    }
+
+    fn issue_pulls(&mut self, r: u32) {
+        let m = self.recvs[r as usize].msg;
+        let msg = self.msgs[m as usize];
+        let max_blocks = self.cfg.pull_inflight;
+        let block = self.cfg.pull_block as u64;
+        let mut issued = false;
+        loop {
+            let pull = &mut self.recvs[r as usize].pull;
+            if pull.nblocks >= max_blocks || pull.next_pull >= pull.wanted {
+                break;
+            }
+            let Some(i) = self.frame_free.alloc() else {
+                break;
+            };
+            let len = block.min(pull.wanted - pull.next_pull) as u32;
+            let off = pull.next_pull;
+            pull.blocks[pull.nblocks as usize] = super::core::Block { off, len, got: 0 };
+            pull.nblocks += 1;
+            pull.next_pull += len as u64;
+            self.frames[i as usize] = TxFrame {
+                seq: 0,
+                kind: FrameType::Pull,
+                lost: false,
+                retx: 0,
+                sent_at: Time::ZERO,
+                slot: NIL,
+                msg_id: msg.msg_id,
+                offset: off,
+                len,
+            };
+            let peer = &mut self.peers[msg.peer as usize];
+            self.frame_links.push_back(&mut peer.ctrl, i);
+            issued = true;
+        }
+        if issued {
+            self.mark_ready(msg.peer);
+        }
+    }
+
+    fn queue_notify(&mut self, p: u16, msg_id: u32) {
+        let Some(i) = self.frame_free.alloc() else {
+            // The frame table is sized for one notify per receive on top of the windows.
+            debug_assert!(false, "frame table exhausted");
+            return;
+        };
+        self.frames[i as usize] = TxFrame {
+            seq: 0,
+            kind: FrameType::Notify,
+            lost: false,
+            retx: 0,
+            sent_at: Time::ZERO,
+            slot: NIL,
+            msg_id,
+            offset: 0,
+            len: 0,
+        };
+        let peer = &mut self.peers[p as usize];
+        self.frame_links.push_back(&mut peer.ctrl, i);
+        self.mark_ready(p);
+    }
+
+    pub(crate) fn check_pull_data(&self, p: u16, h: &Header) -> Result<(), DropReason> {
+        let Some(&m) = self.msg_map.get(&msg_key(p, h.msg_id)) else {
+            return Err(DropReason::Protocol);
+        };
+        let msg = &self.msgs[m as usize];
+        if !msg.rndv || msg.state != MsgState::Bound || msg.len != h.msg_len {
+            return Err(DropReason::Protocol);
+        }
+        let pull = &self.recvs[msg.recv as usize].pull;
+        let end = h.frag_offset + h.payload_len as u64;
+        if end > pull.next_pull || pull.received + h.payload_len as u64 > pull.wanted {
+            return Err(DropReason::Protocol);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn on_pull_data(&mut self, p: u16, h: &Header, data: &[u8]) {
+        let m = self.msg_map[&msg_key(p, h.msg_id)];
+        let msg = self.msgs[m as usize];
+        let r = msg.recv;
+        let slot = &mut self.recvs[r as usize];
+        let off = h.frag_offset;
+        let o = off as usize;
+        let buf = slot.buf.as_mut().expect("bound receive").as_mut();
+        buf[o..o + data.len()].copy_from_slice(data);
+        let pull = &mut slot.pull;
+        pull.received += data.len() as u64;
+        let end = off + data.len() as u64;
+        let mut k = 0;
+        while k < pull.nblocks as usize {
+            let b = &mut pull.blocks[k];
+            let lo = off.max(b.off);
+            let hi = end.min(b.off + b.len as u64);
+            if lo < hi {
+                b.got += (hi - lo) as u32;
+            }
+            if b.got >= b.len {
+                pull.nblocks -= 1;
+                pull.blocks[k] = pull.blocks[pull.nblocks as usize];
+            } else {
+                k += 1;
+            }
+        }
+        let (received, wanted) = (pull.received, pull.wanted);
+        if received >= wanted {
+            self.queue_notify(p, msg.msg_id);
+            self.msgs[m as usize].received = received;
+            let info = self.recv_info(&msg, r);
+            self.complete_recv(r, Ok(info));
+        } else {
+            self.issue_pulls(r);
+        }
+    }
+
+    pub(crate) fn check_pull_or_notify(
+        &self,
+        p: u16,
+        ft: FrameType,
+        h: &Header,
+    ) -> Result<(), DropReason> {
+        let Some(&s) = self.rndv_map.get(&msg_key(p, h.msg_id)) else {
+            // A pull may arrive after the send finished: later pulls raised the mark past
+            // its block, the data went out and the receiver notified. Such a pull names a
+            // message id already used; one never used is a lie.
+            let next = self.peers[p as usize].next_msg_id;
+            if ft == FrameType::Pull && (h.msg_id.wrapping_sub(next) as i32) < 0 {
+                return Ok(());
+            }
+            return Err(DropReason::Protocol);
+        };
+        let s = &self.sends[s as usize];
+        if !s.first_pass_done || (ft == FrameType::Pull && h.frag_offset + h.msg_len > s.len) {
+            return Err(DropReason::Protocol);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn on_pull(&mut self, p: u16, h: &Header) {
+        let Some(&i) = self.rndv_map.get(&msg_key(p, h.msg_id)) else {
+            return; // late pull of a finished send
+        };
+        let s = &mut self.sends[i as usize];
+        let end = h.frag_offset + h.msg_len;
+        if end > s.pull_limit {
+            s.pull_limit = end;
+        }
+        if s.sent_upto < s.pull_limit && !s.in_pulls && !s.notified {
+            s.in_pulls = true;
+            let peer = &mut self.peers[p as usize];
+            self.pull_links.push_back(&mut peer.pulls, i);
+        }
+    }
+
+    pub(crate) fn on_notify(&mut self, p: u16, h: &Header) {
+        let i = self.rndv_map[&msg_key(p, h.msg_id)];
+        let s = &mut self.sends[i as usize];
+        s.notified = true;
+        if s.in_pulls {
+            s.in_pulls = false;
+            let peer = &mut self.peers[p as usize];
+            self.pull_links.remove(&mut peer.pulls, i);
+        }
+        self.maybe_complete_send(i);
+    }
+
+    /// The next PULL_DATA frame of peer `p`, if some send has pulled data to send.
+    pub(crate) fn rndv_next_data_frame(&mut self, p: u16) -> Option<u32> {
+        let peer = &self.peers[p as usize];
+        let s_idx = peer.pulls.head;
+        if s_idx == NIL {
+            return None;
+        }
+        let i = self.frame_free.alloc()?;
+        let max_payload = self.max_payload as u64;
+        let s = &mut self.sends[s_idx as usize];
+        let off = s.sent_upto;
+        let len = (s.pull_limit - off).min(max_payload);
+        s.sent_upto += len;
+        s.inflight += 1;
+        let msg_id = s.msg_id;
+        if s.sent_upto >= s.pull_limit {
+            s.in_pulls = false;
+            let peer = &mut self.peers[p as usize];
+            self.pull_links.remove(&mut peer.pulls, s_idx);
+        }
+        self.frames[i as usize] = TxFrame {
+            seq: 0,
+            kind: FrameType::PullData,
+            lost: false,
+            retx: 0,
+            sent_at: Time::ZERO,
+            slot: s_idx,
+            msg_id,
+            offset: off,
+            len: len as u32,
+        };
+        Some(i)
+    }
+}

@@ -1,0 +1,742 @@
+//! Wire format: Ethernet II framing and the emx header.
+//!
+//! This module owns the byte layout of every emx frame and nothing else: it parses
+//! untrusted bytes into a checked view ([`Frame`]) and a typed [`Header`], and emits a
+//! [`Header`] in place into a caller's buffer. It keeps no state, allocates nothing and
+//! never panics on input bytes; every field that the protocol relies on (lengths, offsets,
+//! version, frame type, reserved bits, checksum) is validated here, and a frame that fails
+//! is reported with a [`DropReason`] so that the caller can count it.
+//!
+//! # Layout
+//!
+//! ```text
+//! Ethernet II (14 bytes): dst MAC 6 | src MAC 6 | EtherType 2 (default 0x88B5)
+//! emx header (76 bytes, big-endian):
+//!  0 u8  version            1 u8  frame type        2 u8  flags        3 u8 reserved (0)
+//!  4 u16 cluster id         6 u16 payload length
+//!  8 u16 src node          10 u8  src endpoint     11 u8  dst endpoint
+//! 12 u16 dst node          14 u16 reserved (0)
+//! 16 u32 src epoch (sender's session epoch)
+//! 20 u32 dst epoch (the epoch the sender believes the receiver has; 0 = unknown)
+//! 24 u32 sequence number (reliable frames only)
+//! 28 u32 cumulative ack (next sequence number expected from the receiver of this frame)
+//! 32 u64 selective-ack bitmap (bit i: sequence ack+1+i received)
+//! 40 u32 credit limit (cumulative eager bytes the peer may have charged)
+//! 44 u32 message id (per sender/receiver pair)
+//! 48 u64 match bits
+//! 56 u64 message length (for PULL: the length of the pulled block)
+//! 64 u64 fragment offset (for PULL: the offset of the pulled block)
+//! 72 u32 checksum (ones' complement sum of 32-bit words; see the flags)
+//! 76 payload (payload length bytes, EAGER and PULL_DATA only), then Ethernet padding
+//! ```
+//!
+//! The header is fixed-size so that a frame's payload always starts at the same offset
+//! and a polling core can attach a payload buffer behind it without computing anything.
+//! Control frames carry no body: everything they say fits in the header.
+
+use core::fmt;
+
+/// Length of an Ethernet II header.
+pub const ETH_HEADER_LEN: usize = 14;
+/// Length of the emx header that follows the Ethernet header.
+pub const EMX_HEADER_LEN: usize = 76;
+/// Bytes in front of a payload: Ethernet plus emx header.
+pub const FRAME_HEADER_LEN: usize = ETH_HEADER_LEN + EMX_HEADER_LEN;
+/// The emx EtherType by default (IEEE 802 local experimental EtherType 1).
+pub const DEFAULT_ETHERTYPE: u16 = 0x88B5;
+/// The only header version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Largest message length the header may announce (1 TiB); anything larger is a lie.
+pub const MAX_MSG_LEN: u64 = 1 << 40;
+
+/// Byte offsets of the fields, relative to the start of the Ethernet frame.
+mod field {
+    use core::ops::Range;
+
+    pub const ETH_DST: Range<usize> = 0..6;
+    pub const ETH_SRC: Range<usize> = 6..12;
+    pub const ETHERTYPE: Range<usize> = 12..14;
+
+    const B: usize = super::ETH_HEADER_LEN;
+    pub const VERSION: usize = B;
+    pub const TYPE: usize = B + 1;
+    pub const FLAGS: usize = B + 2;
+    pub const RESERVED0: usize = B + 3;
+    pub const CLUSTER: Range<usize> = B + 4..B + 6;
+    pub const PAYLOAD_LEN: Range<usize> = B + 6..B + 8;
+    pub const SRC_NODE: Range<usize> = B + 8..B + 10;
+    pub const SRC_EP: usize = B + 10;
+    pub const DST_EP: usize = B + 11;
+    pub const DST_NODE: Range<usize> = B + 12..B + 14;
+    pub const RESERVED1: Range<usize> = B + 14..B + 16;
+    pub const SRC_EPOCH: Range<usize> = B + 16..B + 20;
+    pub const DST_EPOCH: Range<usize> = B + 20..B + 24;
+    pub const SEQ: Range<usize> = B + 24..B + 28;
+    pub const ACK: Range<usize> = B + 28..B + 32;
+    pub const SACK: Range<usize> = B + 32..B + 40;
+    pub const CREDIT: Range<usize> = B + 40..B + 44;
+    pub const MSG_ID: Range<usize> = B + 44..B + 48;
+    pub const MATCH_BITS: Range<usize> = B + 48..B + 56;
+    pub const MSG_LEN: Range<usize> = B + 56..B + 64;
+    pub const FRAG_OFFSET: Range<usize> = B + 64..B + 72;
+    pub const CHECKSUM: Range<usize> = B + 72..B + 76;
+    pub const PAYLOAD: usize = B + 76;
+}
+
+/// A 48-bit Ethernet MAC address.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl fmt::Debug for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+/// What a frame is for. Reliable frames occupy the per-pair sequence space; the others
+/// are never retransmitted and carry no sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameType {
+    /// Session handshake: announces the sender's epoch (unreliable).
+    Hello = 0x01,
+    /// Acknowledgement and credit update with nothing else to say; with
+    /// [`flags::ACK_REQ`] it is a keepalive probe that asks for an immediate ack.
+    Ack = 0x02,
+    /// One fragment of an eager message (reliable, carries payload).
+    Eager = 0x10,
+    /// Rendezvous request-to-send: match bits and length of a large message (reliable).
+    Rts = 0x11,
+    /// Rendezvous pull: the receiver asks for a block of a message (reliable).
+    Pull = 0x12,
+    /// Rendezvous data answering a pull (reliable, carries payload).
+    PullData = 0x13,
+    /// Rendezvous notify: the receiver has all the data it wants (reliable).
+    Notify = 0x14,
+}
+
+impl FrameType {
+    /// Decodes a frame type byte.
+    #[inline]
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0x01 => Self::Hello,
+            0x02 => Self::Ack,
+            0x10 => Self::Eager,
+            0x11 => Self::Rts,
+            0x12 => Self::Pull,
+            0x13 => Self::PullData,
+            0x14 => Self::Notify,
+            _ => return None,
+        })
+    }
+
+    /// Whether frames of this type occupy the sequence space and are retransmitted.
+    #[inline]
+    pub fn is_reliable(self) -> bool {
+        !matches!(self, Self::Hello | Self::Ack)
+    }
+
+    /// Whether frames of this type may carry payload bytes.
+    #[inline]
+    pub fn has_payload(self) -> bool {
+        matches!(self, Self::Eager | Self::PullData)
+    }
+}
+
+/// Header flag bits.
+pub mod flags {
+    /// The checksum field covers the header.
+    pub const CSUM_HEADER: u8 = 0x01;
+    /// The checksum field also covers the payload.
+    pub const CSUM_PAYLOAD: u8 = 0x02;
+    /// The sender asks for an immediate acknowledgement (keepalive probe, handshake).
+    pub const ACK_REQ: u8 = 0x04;
+    /// All flag bits this version defines.
+    pub const ALL: u8 = CSUM_HEADER | CSUM_PAYLOAD | ACK_REQ;
+}
+
+/// Why a received frame was dropped (a frame-level protocol violation or a frame that is
+/// not for this core). Used as an index into [`DropCounters`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[repr(u8)]
+pub enum DropReason {
+    /// Shorter than an Ethernet + emx header, or than its payload length says.
+    #[error("truncated frame")]
+    Truncated = 0,
+    /// Not our EtherType.
+    #[error("not an emx EtherType")]
+    EtherType,
+    /// Unknown header version.
+    #[error("unknown header version")]
+    Version,
+    /// Unknown frame type.
+    #[error("unknown frame type")]
+    FrameType,
+    /// Reserved bits or bytes not zero, or fields that contradict each other.
+    #[error("malformed header")]
+    Malformed,
+    /// A length or offset that lies (past the message, or a message too large).
+    #[error("length or offset out of bounds")]
+    BadLength,
+    /// The checksum does not match, or a checksum that the receiver requires is absent.
+    #[error("bad or missing checksum")]
+    Checksum,
+    /// Another cluster's frame.
+    #[error("frame of another cluster")]
+    WrongCluster,
+    /// Addressed to another node, endpoint or MAC, or from a MAC that is not the
+    /// sending peer's.
+    #[error("frame for another endpoint, or from the wrong MAC")]
+    NotForUs,
+    /// From a node/endpoint that is not in the peer table.
+    #[error("frame from an unknown peer")]
+    UnknownPeer,
+    /// From, or addressed to, a session epoch that is not the current one.
+    #[error("frame of another session epoch")]
+    StaleEpoch,
+    /// A sequence number beyond the receive window.
+    #[error("sequence number beyond the window")]
+    OutOfWindow,
+    /// Well-formed but meaningless in the current protocol state (data for a message
+    /// that does not exist, credits overrun, an ack for frames never sent).
+    #[error("frame contradicts the protocol state")]
+    Protocol,
+    /// From a peer that was declared unreachable (its session is over).
+    #[error("frame from a peer declared unreachable")]
+    DeadPeer,
+    /// No table entry free to take the frame; it is not acknowledged, so the sender
+    /// sends it again later.
+    #[error("no resources to take the frame")]
+    Resources,
+}
+
+impl DropReason {
+    /// Number of reasons (the length of a counter array).
+    pub const COUNT: usize = 15;
+    /// Every reason, in index order.
+    pub const ALL: [DropReason; Self::COUNT] = [
+        Self::Truncated,
+        Self::EtherType,
+        Self::Version,
+        Self::FrameType,
+        Self::Malformed,
+        Self::BadLength,
+        Self::Checksum,
+        Self::WrongCluster,
+        Self::NotForUs,
+        Self::UnknownPeer,
+        Self::StaleEpoch,
+        Self::OutOfWindow,
+        Self::Protocol,
+        Self::DeadPeer,
+        Self::Resources,
+    ];
+}
+
+/// Frames dropped, counted by [`DropReason`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DropCounters(pub [u64; DropReason::COUNT]);
+
+impl DropCounters {
+    /// Counts one drop.
+    #[inline]
+    pub fn count(&mut self, r: DropReason) {
+        self.0[r as usize] += 1;
+    }
+    /// Drops counted for one reason.
+    pub fn get(&self, r: DropReason) -> u64 {
+        self.0[r as usize]
+    }
+    /// All drops.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+#[inline]
+fn be16(b: &[u8], r: core::ops::Range<usize>) -> u16 {
+    let mut a = [0u8; 2];
+    a.copy_from_slice(&b[r]);
+    u16::from_be_bytes(a)
+}
+#[inline]
+fn be32(b: &[u8], r: core::ops::Range<usize>) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[r]);
+    u32::from_be_bytes(a)
+}
+#[inline]
+fn be64(b: &[u8], r: core::ops::Range<usize>) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[r]);
+    u64::from_be_bytes(a)
+}
+
+/// The frame checksum: a Fletcher-style pair of running sums over little-endian 64-bit
+/// words (a zero-padded tail word last), mixed down to 32 bits. The second sum weighs
+/// each word by its position, so that changes which cancel in a plain sum (the same
+/// byte lane moved up in one word and down in another, swapped words) are caught too.
+/// Feed the header first, then the payload.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Checksum {
+    a: u64,
+    b: u64,
+}
+
+impl Checksum {
+    /// An empty checksum.
+    #[inline]
+    pub fn new() -> Self {
+        Checksum::default()
+    }
+
+    /// Adds bytes. Every chunk but the last must be a multiple of 8 bytes long.
+    #[inline]
+    pub fn add(&mut self, data: &[u8]) {
+        let mut chunks = data.chunks_exact(8);
+        let (mut a, mut b) = (self.a, self.b);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            a = a.wrapping_add(u64::from_le_bytes(w));
+            b = b.wrapping_add(a);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            a = a.wrapping_add(u64::from_le_bytes(w));
+            b = b.wrapping_add(a);
+        }
+        self.a = a;
+        self.b = b;
+    }
+
+    /// The 32-bit value.
+    #[inline]
+    pub fn finish(self) -> u32 {
+        let x = (self.a ^ self.b.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let y = (x ^ (x >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        (y >> 32) as u32 ^ y as u32
+    }
+}
+
+/// A zero-copy view of an emx frame (Ethernet header included).
+///
+/// Build it with [`Frame::new_checked`]: once that succeeds, every accessor is in bounds
+/// and none can panic, whatever the bytes are.
+#[derive(Debug, Clone)]
+pub struct Frame<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Frame<T> {
+    /// Wraps a buffer without checking it. Accessors may panic until
+    /// [`check_len`](Self::check_len) has succeeded.
+    pub fn new_unchecked(buffer: T) -> Self {
+        Frame { buffer }
+    }
+
+    /// Wraps a buffer and checks that the header and the announced payload fit in it.
+    #[inline]
+    pub fn new_checked(buffer: T) -> Result<Self, DropReason> {
+        let f = Self::new_unchecked(buffer);
+        f.check_len()?;
+        Ok(f)
+    }
+
+    /// Checks that the buffer holds the headers and the payload length it announces.
+    #[inline]
+    pub fn check_len(&self) -> Result<(), DropReason> {
+        let b = self.buffer.as_ref();
+        if b.len() < field::PAYLOAD {
+            return Err(DropReason::Truncated);
+        }
+        if b.len() < field::PAYLOAD + self.payload_len() as usize {
+            return Err(DropReason::Truncated);
+        }
+        Ok(())
+    }
+
+    /// Returns the underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// Destination MAC address.
+    pub fn dst_mac(&self) -> MacAddr {
+        let mut m = [0u8; 6];
+        m.copy_from_slice(&self.buffer.as_ref()[field::ETH_DST]);
+        MacAddr(m)
+    }
+    /// Source MAC address.
+    pub fn src_mac(&self) -> MacAddr {
+        let mut m = [0u8; 6];
+        m.copy_from_slice(&self.buffer.as_ref()[field::ETH_SRC]);
+        MacAddr(m)
+    }
+    /// EtherType.
+    pub fn ethertype(&self) -> u16 {
+        be16(self.buffer.as_ref(), field::ETHERTYPE)
+    }
+    /// Header version.
+    pub fn version(&self) -> u8 {
+        self.buffer.as_ref()[field::VERSION]
+    }
+    /// Raw frame type byte.
+    pub fn frame_type_raw(&self) -> u8 {
+        self.buffer.as_ref()[field::TYPE]
+    }
+    /// Flag bits.
+    pub fn flags(&self) -> u8 {
+        self.buffer.as_ref()[field::FLAGS]
+    }
+    /// Cluster id.
+    pub fn cluster(&self) -> u16 {
+        be16(self.buffer.as_ref(), field::CLUSTER)
+    }
+    /// Payload length.
+    pub fn payload_len(&self) -> u16 {
+        be16(self.buffer.as_ref(), field::PAYLOAD_LEN)
+    }
+    /// Sequence number.
+    pub fn seq(&self) -> u32 {
+        be32(self.buffer.as_ref(), field::SEQ)
+    }
+    /// Checksum field.
+    pub fn checksum(&self) -> u32 {
+        be32(self.buffer.as_ref(), field::CHECKSUM)
+    }
+    /// The payload bytes (exactly payload length, Ethernet padding excluded).
+    #[inline]
+    pub fn payload(&self) -> &[u8] {
+        let n = self.payload_len() as usize;
+        &self.buffer.as_ref()[field::PAYLOAD..field::PAYLOAD + n]
+    }
+
+    /// Computes the checksum the frame should carry, covering the payload when its flags
+    /// say so.
+    #[inline]
+    pub fn compute_checksum(&self) -> u32 {
+        let b = self.buffer.as_ref();
+        let mut c = Checksum::new();
+        c.add(&b[field::VERSION..field::CHECKSUM.start]);
+        if self.flags() & flags::CSUM_PAYLOAD != 0 {
+            c.add(self.payload());
+        }
+        c.finish()
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
+    /// Writes the checksum field over the header and, when the flags ask for it,
+    /// `payload` (which may live elsewhere: zero-copy sends keep it in the send buffer).
+    #[inline]
+    pub fn fill_checksum(&mut self, payload: &[u8]) {
+        let b = self.buffer.as_mut();
+        let mut c = Checksum::new();
+        c.add(&b[field::VERSION..field::CHECKSUM.start]);
+        if b[field::FLAGS] & flags::CSUM_PAYLOAD != 0 {
+            c.add(payload);
+        }
+        b[field::CHECKSUM].copy_from_slice(&c.finish().to_be_bytes());
+    }
+}
+
+/// The typed emx header (the part after Ethernet, plus both MAC addresses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Destination MAC.
+    pub dst_mac: MacAddr,
+    /// Source MAC.
+    pub src_mac: MacAddr,
+    /// Frame type.
+    pub frame_type: FrameType,
+    /// Flag bits ([`flags`]).
+    pub flags: u8,
+    /// Cluster id: frames of other clusters sharing the wire are dropped.
+    pub cluster: u16,
+    /// Payload bytes following the header.
+    pub payload_len: u16,
+    /// Source node.
+    pub src_node: u16,
+    /// Source endpoint.
+    pub src_ep: u8,
+    /// Destination node.
+    pub dst_node: u16,
+    /// Destination endpoint.
+    pub dst_ep: u8,
+    /// Sender's session epoch.
+    pub src_epoch: u32,
+    /// The epoch the sender believes the receiver has (0: not known yet).
+    pub dst_epoch: u32,
+    /// Sequence number (reliable frames).
+    pub seq: u32,
+    /// Cumulative ack: the next sequence number expected from the frame's receiver.
+    pub ack: u32,
+    /// Selective ack: bit i set when sequence `ack + 1 + i` was received.
+    pub sack: u64,
+    /// Cumulative eager credit limit granted to the frame's receiver, in bytes.
+    pub credit: u32,
+    /// Message id (per ordered pair of endpoints).
+    pub msg_id: u32,
+    /// Match bits.
+    pub match_bits: u64,
+    /// Message length (PULL: block length).
+    pub msg_len: u64,
+    /// Fragment offset (PULL: block offset).
+    pub frag_offset: u64,
+}
+
+impl Header {
+    /// Parses and validates a checked frame. `ethertype` is the one configured.
+    ///
+    /// Validates everything that can be judged from the frame alone: EtherType, version,
+    /// type, flags and reserved bits, lengths and offsets, and the checksum when present
+    /// (`require_csum` makes an absent header checksum an error).
+    #[inline]
+    pub fn parse<T: AsRef<[u8]>>(
+        frame: &Frame<T>,
+        ethertype: u16,
+        require_csum: bool,
+    ) -> Result<Header, DropReason> {
+        let b = frame.buffer.as_ref();
+        if frame.ethertype() != ethertype {
+            return Err(DropReason::EtherType);
+        }
+        if frame.version() != VERSION {
+            return Err(DropReason::Version);
+        }
+        let ft = FrameType::from_u8(frame.frame_type_raw()).ok_or(DropReason::FrameType)?;
+        let fl = frame.flags();
+        if fl & !flags::ALL != 0
+            || b[field::RESERVED0] != 0
+            || be16(b, field::RESERVED1) != 0
+            || (fl & flags::CSUM_PAYLOAD != 0 && fl & flags::CSUM_HEADER == 0)
+        {
+            return Err(DropReason::Malformed);
+        }
+        if fl & flags::CSUM_HEADER != 0 {
+            if frame.compute_checksum() != frame.checksum() {
+                return Err(DropReason::Checksum);
+            }
+        } else if require_csum {
+            return Err(DropReason::Checksum);
+        }
+        let h = Header {
+            dst_mac: frame.dst_mac(),
+            src_mac: frame.src_mac(),
+            frame_type: ft,
+            flags: fl,
+            cluster: frame.cluster(),
+            payload_len: frame.payload_len(),
+            src_node: be16(b, field::SRC_NODE),
+            src_ep: b[field::SRC_EP],
+            dst_node: be16(b, field::DST_NODE),
+            dst_ep: b[field::DST_EP],
+            src_epoch: be32(b, field::SRC_EPOCH),
+            dst_epoch: be32(b, field::DST_EPOCH),
+            seq: be32(b, field::SEQ),
+            ack: be32(b, field::ACK),
+            sack: be64(b, field::SACK),
+            credit: be32(b, field::CREDIT),
+            msg_id: be32(b, field::MSG_ID),
+            match_bits: be64(b, field::MATCH_BITS),
+            msg_len: be64(b, field::MSG_LEN),
+            frag_offset: be64(b, field::FRAG_OFFSET),
+        };
+        h.validate(ft)?;
+        Ok(h)
+    }
+
+    #[inline]
+    fn validate(&self, ft: FrameType) -> Result<(), DropReason> {
+        if self.src_epoch == 0 {
+            return Err(DropReason::Malformed);
+        }
+        if !ft.has_payload() && self.payload_len != 0 {
+            return Err(DropReason::Malformed);
+        }
+        if !ft.is_reliable() && self.seq != 0 {
+            return Err(DropReason::Malformed);
+        }
+        if ft.is_reliable() && self.dst_epoch == 0 {
+            // Data may only flow once the sender knows which incarnation it talks to.
+            return Err(DropReason::Malformed);
+        }
+        match ft {
+            FrameType::Eager | FrameType::PullData => {
+                if self.msg_len > MAX_MSG_LEN {
+                    return Err(DropReason::BadLength);
+                }
+                let end = self
+                    .frag_offset
+                    .checked_add(self.payload_len as u64)
+                    .ok_or(DropReason::BadLength)?;
+                if end > self.msg_len {
+                    return Err(DropReason::BadLength);
+                }
+                // Only a zero-length message travels as an empty fragment.
+                if self.payload_len == 0 && (self.msg_len != 0 || ft == FrameType::PullData) {
+                    return Err(DropReason::BadLength);
+                }
+            }
+            FrameType::Rts => {
+                if self.msg_len > MAX_MSG_LEN || self.frag_offset != 0 {
+                    return Err(DropReason::BadLength);
+                }
+            }
+            FrameType::Pull => {
+                if self.msg_len == 0
+                    || self.msg_len > u32::MAX as u64
+                    || !matches!(self.frag_offset.checked_add(self.msg_len), Some(e) if e <= MAX_MSG_LEN)
+                {
+                    return Err(DropReason::BadLength);
+                }
+            }
+            FrameType::Hello | FrameType::Ack | FrameType::Notify => {
+                if self.frag_offset != 0 || self.msg_len != 0 {
+                    return Err(DropReason::Malformed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes Ethernet and emx headers into the start of `buf` (which must hold at least
+    /// [`FRAME_HEADER_LEN`] bytes) and returns the number of bytes written. The checksum
+    /// field is written as zero: call [`Frame::fill_checksum`] afterwards when the flags
+    /// ask for one.
+    ///
+    /// # Panics
+    /// When `buf` is shorter than [`FRAME_HEADER_LEN`] (a caller bug, not input data).
+    #[inline]
+    pub fn emit(&self, buf: &mut [u8], ethertype: u16) -> usize {
+        let b = &mut buf[..FRAME_HEADER_LEN];
+        b[field::ETH_DST].copy_from_slice(&self.dst_mac.0);
+        b[field::ETH_SRC].copy_from_slice(&self.src_mac.0);
+        b[field::ETHERTYPE].copy_from_slice(&ethertype.to_be_bytes());
+        b[field::VERSION] = VERSION;
+        b[field::TYPE] = self.frame_type as u8;
+        b[field::FLAGS] = self.flags;
+        b[field::RESERVED0] = 0;
+        b[field::CLUSTER].copy_from_slice(&self.cluster.to_be_bytes());
+        b[field::PAYLOAD_LEN].copy_from_slice(&self.payload_len.to_be_bytes());
+        b[field::SRC_NODE].copy_from_slice(&self.src_node.to_be_bytes());
+        b[field::SRC_EP] = self.src_ep;
+        b[field::DST_EP] = self.dst_ep;
+        b[field::DST_NODE].copy_from_slice(&self.dst_node.to_be_bytes());
+        b[field::RESERVED1].fill(0);
+        b[field::SRC_EPOCH].copy_from_slice(&self.src_epoch.to_be_bytes());
+        b[field::DST_EPOCH].copy_from_slice(&self.dst_epoch.to_be_bytes());
+        b[field::SEQ].copy_from_slice(&self.seq.to_be_bytes());
+        b[field::ACK].copy_from_slice(&self.ack.to_be_bytes());
+        b[field::SACK].copy_from_slice(&self.sack.to_be_bytes());
+        b[field::CREDIT].copy_from_slice(&self.credit.to_be_bytes());
+        b[field::MSG_ID].copy_from_slice(&self.msg_id.to_be_bytes());
+        b[field::MATCH_BITS].copy_from_slice(&self.match_bits.to_be_bytes());
+        b[field::MSG_LEN].copy_from_slice(&self.msg_len.to_be_bytes());
+        b[field::FRAG_OFFSET].copy_from_slice(&self.frag_offset.to_be_bytes());
+        b[field::CHECKSUM].fill(0);
+        FRAME_HEADER_LEN
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Header {
+        Header {
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            src_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            frame_type: FrameType::Eager,
+            flags: flags::CSUM_HEADER | flags::CSUM_PAYLOAD,
+            cluster: 7,
+            payload_len: 5,
+            src_node: 2,
+            src_ep: 1,
+            dst_node: 1,
+            dst_ep: 0,
+            src_epoch: 9,
+            dst_epoch: 4,
+            seq: 100,
+            ack: 55,
+            sack: 0b101,
+            credit: 65536,
+            msg_id: 3,
+            match_bits: 0xdead_beef_0000_0001,
+            msg_len: 10,
+            frag_offset: 5,
+        }
+    }
+
+    fn build(h: &Header, payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![0u8; FRAME_HEADER_LEN + payload.len()];
+        h.emit(&mut v, DEFAULT_ETHERTYPE);
+        v[FRAME_HEADER_LEN..].copy_from_slice(payload);
+        let mut f = Frame::new_unchecked(&mut v[..]);
+        f.fill_checksum(payload);
+        v
+    }
+
+    #[test]
+    fn roundtrip() {
+        let h = sample();
+        let v = build(&h, b"hello");
+        let f = Frame::new_checked(&v[..]).unwrap();
+        assert_eq!(Header::parse(&f, DEFAULT_ETHERTYPE, true), Ok(h));
+        assert_eq!(f.payload(), b"hello");
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_caught() {
+        let v = build(&sample(), b"hello");
+        for i in ETH_HEADER_LEN * 8..v.len() * 8 {
+            let mut w = v.clone();
+            w[i / 8] ^= 1 << (i % 8);
+            let r =
+                Frame::new_checked(&w[..]).and_then(|f| Header::parse(&f, DEFAULT_ETHERTYPE, true));
+            assert!(r.is_err(), "bit {i} flip undetected");
+        }
+    }
+
+    #[test]
+    fn same_lane_cancellation_is_caught() {
+        // +1 in one word and -1 in the same byte lane of another: a plain sum misses it.
+        let v = build(&sample(), &[0x10; 64]);
+        let mut w = v.clone();
+        w[FRAME_HEADER_LEN] += 1;
+        w[FRAME_HEADER_LEN + 8] -= 1;
+        let f = Frame::new_checked(&w[..]).unwrap();
+        assert_eq!(
+            Header::parse(&f, DEFAULT_ETHERTYPE, true),
+            Err(DropReason::Checksum)
+        );
+    }
+
+    #[test]
+    fn lying_lengths() {
+        let mut h = sample();
+        h.frag_offset = 8; // 8 + 5 > 10
+        let v = build(&h, b"hello");
+        let f = Frame::new_checked(&v[..]).unwrap();
+        assert_eq!(
+            Header::parse(&f, DEFAULT_ETHERTYPE, true),
+            Err(DropReason::BadLength)
+        );
+        let mut h = sample();
+        h.payload_len = 500; // more than the frame holds
+        let v = build(&h, b"hello");
+        assert_eq!(
+            Frame::new_checked(&v[..]).err(),
+            Some(DropReason::Truncated)
+        );
+    }
+}

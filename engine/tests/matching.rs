@@ -1,0 +1,294 @@
+//! MX matching semantics: masks, source filters, probe, cancel, truncation, ordering
+//! under reordering, and the unexpected-queue bound with credit back-pressure.
+
+mod common;
+
+use common::*;
+use emx::proto::{Completion, CoreConfig, PeerId, ProbeInfo, RequestError, Time};
+use emx::sim::LinkConfig;
+use std::time::Duration;
+
+fn settle(sim: &mut TestSim, us: u64) -> Vec<(usize, TestCompletion)> {
+    let until = sim.now() + Duration::from_micros(us);
+    let mut out = Vec::new();
+    sim.run_until(until, |sim| {
+        out.extend(drain(sim));
+        false
+    });
+    out.extend(drain(sim));
+    out
+}
+
+fn recvs(c: Vec<(usize, TestCompletion)>) -> Vec<emx::proto::RecvDone<Vec<u8>>> {
+    c.into_iter()
+        .filter_map(|(_, c)| match c {
+            Completion::Recv(r) => Some(r),
+            Completion::Send(s) => {
+                s.result.unwrap();
+                None
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn mask_source_probe_cancel() {
+    let cfg = CoreConfig::default();
+    let mut sim = make_sim(3, LinkConfig::default(), &cfg);
+    let now = sim.now();
+    sim.core(0)
+        .send(now, addr(2), 0xAB_0001, b"from0".to_vec(), 0)
+        .unwrap();
+    sim.core(1)
+        .send(now, addr(2), 0xAB_0002, b"from1!".to_vec(), 0)
+        .unwrap();
+    assert!(recvs(settle(&mut sim, 200)).is_empty());
+    // Probe sees the unexpected envelopes without taking them.
+    let now = sim.now();
+    let c = sim.core(2);
+    assert_eq!(
+        c.probe(Some(addr(1)), 0xAB_0000, 0xFF_0000),
+        Some(ProbeInfo {
+            src: addr(1),
+            match_bits: 0xAB_0002,
+            len: 6
+        })
+    );
+    assert_eq!(c.probe(None, 0xAC_0000, 0xFF_0000), None);
+    assert!(
+        c.probe(None, 0, 0).is_some(),
+        "a zero mask matches anything"
+    );
+    // A receive for node 1 only skips node 0's older message.
+    let r1 = c
+        .post_recv(now, Some(addr(1)), 0xAB_0000, 0xFF_0000, vec![0; 16], 1)
+        .unwrap();
+    let got = recvs(settle(&mut sim, 10));
+    assert_eq!(got.len(), 1);
+    let info = got[0].result.unwrap();
+    assert_eq!(
+        (got[0].req, info.src, info.match_bits),
+        (r1, addr(1), 0xAB_0002)
+    );
+    assert_eq!(&got[0].buf[..6], b"from1!");
+    // Cancel: a posted receive comes back with its buffer; twice is a no-op.
+    let now = sim.now();
+    let c = sim.core(2);
+    let r2 = c.post_recv(now, None, 0xCC, !0, vec![9; 3], 2).unwrap();
+    assert!(c.cancel(r2));
+    assert!(!c.cancel(r2));
+    assert!(!c.cancel(r1), "a completed receive cannot be cancelled");
+    match c.poll_completion() {
+        Some(Completion::Recv(r)) => {
+            assert_eq!(r.result, Err(RequestError::Cancelled));
+            assert_eq!(r.buf, vec![9; 3]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The remaining unexpected message is still there for an any-source receive.
+    let now = sim.now();
+    sim.core(2)
+        .post_recv(now, None, 0, 0, vec![0; 5], 3)
+        .unwrap();
+    let got = recvs(settle(&mut sim, 10));
+    assert_eq!(got[0].result.unwrap().src, addr(0));
+    assert_eq!(got[0].buf, b"from0");
+    assert_eq!(sim.core(2).probe(None, 0, 0), None);
+}
+
+#[test]
+fn truncation_reports_the_real_length() {
+    let cfg = CoreConfig::default();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    for (k, (len, buf)) in [
+        (100usize, 10usize),
+        (5000, 2000),
+        (300_000, 70_000),
+        (100_000, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let now = sim.now();
+        // Alternate receive before and after arrival.
+        if k % 2 == 0 {
+            sim.core(1)
+                .post_recv(
+                    now,
+                    Some(addr(0)),
+                    k as u64,
+                    !0,
+                    vec![0xEE; buf + 8][..buf].to_vec(),
+                    0,
+                )
+                .unwrap();
+        }
+        sim.core(0)
+            .send(now, addr(1), k as u64, pattern(k as u64, len), 0)
+            .unwrap();
+        let mut got = recvs(settle(&mut sim, 300));
+        if k % 2 == 1 {
+            let now = sim.now();
+            sim.core(1)
+                .post_recv(now, Some(addr(0)), k as u64, !0, vec![0xEE; buf], 0)
+                .unwrap();
+        }
+        got.extend(recvs(settle(&mut sim, 2000)));
+        assert_eq!(got.len(), 1, "message {k}");
+        let info = got[0].result.unwrap();
+        assert!(info.truncated);
+        assert_eq!((info.msg_len, info.copied), (len as u64, buf as u64));
+        assert_eq!(got[0].buf, pattern(k as u64, len)[..buf]);
+    }
+}
+
+#[test]
+fn pair_order_holds_under_reordering() {
+    let cfg = CoreConfig::default();
+    let link = LinkConfig {
+        reorder: 0.5,
+        reorder_delay: Duration::from_micros(50),
+        duplicate: 0.1,
+        loss: 0.1,
+        seed: 11,
+        ..LinkConfig::default()
+    };
+    let mut sim = make_sim(3, link, &cfg);
+    let now = sim.now();
+    // Mixed sizes: eager, fragmented eager and rendezvous overtake each other on the wire.
+    let sizes: Vec<usize> = (0..60).map(|i| [3, 9000, 40_000, 0, 1500][i % 5]).collect();
+    for (i, &len) in sizes.iter().enumerate() {
+        sim.core(0)
+            .send(now, addr(2), 5 << 32 | i as u64, pattern(i as u64, len), 0)
+            .unwrap();
+        sim.core(1)
+            .send(
+                now,
+                addr(2),
+                5 << 32 | (100 + i) as u64,
+                pattern(100 + i as u64, len),
+                0,
+            )
+            .unwrap();
+    }
+    // Half the receives before arrival, half after; all any-source, tag only.
+    // The context is the posting rank: receives take messages in that order.
+    let post = |sim: &mut TestSim, ranks: std::ops::Range<u64>| {
+        let now = sim.now();
+        for rank in ranks {
+            sim.core(2)
+                .post_recv(now, None, 5 << 32, !0 << 32, vec![0; 40_000], rank)
+                .unwrap();
+        }
+    };
+    post(&mut sim, 0..60);
+    let mut got = recvs(settle(&mut sim, 300));
+    post(&mut sim, 60..120);
+    let ok = sim.run_until(Time(5_000_000_000), |sim| {
+        got.extend(recvs(drain(sim)));
+        got.len() == 120
+    });
+    assert!(ok);
+    got.sort_by_key(|r| r.ctx);
+    let mut last = [None, None];
+    for r in &got {
+        let info = r.result.unwrap();
+        let id = info.match_bits & 0xffff_ffff;
+        let src = if info.src == addr(0) { 0 } else { 1 };
+        if let Some(prev) = last[src] {
+            assert!(id > prev, "from {src}: {id} after {prev}");
+        }
+        last[src] = Some(id);
+        assert_eq!(
+            r.buf[..info.copied as usize],
+            pattern(id, info.msg_len as usize)[..]
+        );
+    }
+    assert!(sim.core_ref(2).peer_stats(PeerId(0)).unwrap().duplicates > 0);
+}
+
+#[test]
+fn unexpected_store_is_bounded_and_senders_wait_on_credits() {
+    let cfg = CoreConfig {
+        max_peers: 4,
+        unexpected_bytes: 4 * 40 * 1024,
+        eager_threshold: 16 * 1024,
+        ..CoreConfig::default()
+    };
+    let mut sim = make_sim(3, LinkConfig::default(), &cfg);
+    let now = sim.now();
+    // Two senders flood 300 KiB each of eager messages that nobody receives yet.
+    for i in 0..30u64 {
+        for s in 0..2 {
+            sim.core(s)
+                .send(now, addr(2), i, pattern(i + 100 * s as u64, 10_000), 0)
+                .unwrap();
+        }
+    }
+    let bound = cfg.unexpected_bytes;
+    let until = sim.now() + Duration::from_millis(50);
+    let mut sends = 0;
+    sim.run_until(until, |sim| {
+        assert!(sim.core_ref(2).unexpected_bytes() <= bound);
+        for (_, c) in drain(sim) {
+            match c {
+                // Delivered into the store: the send is done.
+                Completion::Send(s) => {
+                    s.result.unwrap();
+                    sends += 1;
+                }
+                Completion::Recv(_) => panic!("nothing was posted"),
+            }
+        }
+        false
+    });
+    assert!(sends > 0 && sends < 60, "{sends}");
+    let held = sim.core_ref(2).unexpected_bytes();
+    assert!(
+        held > 0 && held <= bound / 2,
+        "each sender has its share: {held}"
+    );
+    for s in 0..2 {
+        let st = sim.core_ref(s).peer_stats(PeerId(1)).unwrap();
+        assert!(st.credit_stalls > 0, "sender {s} was held back");
+        assert_eq!(st.retransmits, 0, "held back, not dropped");
+    }
+    // Receives drain the store and the rest flows, in order per sender.
+    let now = sim.now();
+    for s in 0..2 {
+        for _ in 0..30 {
+            sim.core(2)
+                .post_recv(now, Some(addr(s)), 0, 0, vec![0; 10_000], s as u64)
+                .unwrap();
+        }
+    }
+    let mut got: Vec<_> = Vec::new();
+    let ok = sim.run_until(Time(5_000_000_000), |sim| {
+        for (_, c) in drain(sim) {
+            match c {
+                Completion::Recv(r) => got.push(r),
+                Completion::Send(s) => {
+                    s.result.unwrap();
+                    sends += 1;
+                }
+            }
+        }
+        assert!(sim.core_ref(2).unexpected_bytes() <= bound);
+        got.len() == 60 && sends == 60
+    });
+    assert!(ok, "{} receives, {sends} sends", got.len());
+    for s in 0..2u64 {
+        let ids: Vec<u64> = got
+            .iter()
+            .filter(|r| r.ctx == s)
+            .map(|r| r.result.unwrap().match_bits)
+            .collect();
+        assert_eq!(ids, (0..30).collect::<Vec<_>>());
+        for r in got.iter().filter(|r| r.ctx == s) {
+            let i = r.result.unwrap().match_bits;
+            assert!(r.buf == pattern(i + 100 * s, 10_000));
+        }
+    }
+    assert_eq!(sim.core_ref(2).unexpected_bytes(), 0);
+    assert!(sim.core_ref(2).stats().unexpected_high_water <= bound);
+}

@@ -1,0 +1,304 @@
+//! Session lifecycle: restart (new epoch) mid-transfer, a peer that vanishes, a peer that
+//! is idle but alive.
+
+mod common;
+
+use common::*;
+use emx::proto::{Completion, CoreConfig, DropReason, PeerId, RecvError, RequestError, SendError};
+use emx::sim::LinkConfig;
+use std::time::Duration;
+
+fn cfg() -> CoreConfig {
+    CoreConfig {
+        keepalive: Duration::from_millis(2),
+        peer_timeout: Duration::from_millis(50),
+        ..CoreConfig::default()
+    }
+}
+
+/// Sends `len` bytes from `a` to `b` (receive posted first) and runs until both finish.
+fn transfer(sim: &mut TestSim, a: usize, b: usize, len: usize, tag: u64) {
+    let now = sim.now();
+    sim.core(b)
+        .post_recv(now, Some(addr(a)), tag, !0, vec![0; len], 1)
+        .unwrap();
+    sim.core(a)
+        .send(now, addr(b), tag, pattern(tag, len), 2)
+        .unwrap();
+    let mut done = 0;
+    let deadline = sim.now() + Duration::from_secs(1);
+    let ok = sim.run_until(deadline, |sim| {
+        for (_, c) in drain(sim) {
+            match c {
+                Completion::Send(s) => s.result.unwrap(),
+                Completion::Recv(r) => {
+                    r.result.unwrap();
+                    assert!(r.buf == pattern(tag, len));
+                }
+            }
+            done += 1;
+        }
+        done == 2
+    });
+    assert!(ok, "transfer {a}->{b} of {len} bytes did not finish");
+}
+
+#[test]
+fn receiver_restarts_mid_transfer() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 1000, 1);
+    let now = sim.now();
+    sim.core(1)
+        .post_recv(now, Some(addr(0)), 7, !0, vec![0; 8 << 20], 70)
+        .unwrap();
+    sim.core(0)
+        .send(now, addr(1), 7, pattern(7, 8 << 20), 7)
+        .unwrap();
+    // Part of the way in, node 1 restarts: same address and MAC, a higher epoch.
+    sim.run_until(now + Duration::from_micros(300), |_| false);
+    assert!(drain(&mut sim).is_empty(), "nothing finished yet");
+    let now = sim.now();
+    let old = sim.replace_core(1, make_core(&cfg, 1, 2, 2, now));
+    drop(old);
+    let mut failed = Vec::new();
+    let ok = sim.run_until(now + Duration::from_millis(20), |sim| {
+        for (k, c) in drain(sim) {
+            match c {
+                Completion::Send(s) => failed.push((k, s.ctx, s.result)),
+                Completion::Recv(r) => panic!("unexpected receive {:?}", r.result),
+            }
+        }
+        failed.len() == 1
+    });
+    assert!(ok, "old send did not fail: {failed:?}");
+    for (k, _, r) in &failed {
+        assert_eq!((*k, *r), (0, Err(RequestError::PeerRestarted)));
+    }
+    let info = sim.core_ref(0).peer_info(PeerId(0)).unwrap();
+    assert_eq!(info.epoch, 2);
+    assert!(
+        sim.core_ref(1)
+            .peer_stats(PeerId(0))
+            .unwrap()
+            .dropped
+            .get(DropReason::StaleEpoch)
+            > 0,
+        "old-session frames were refused"
+    );
+    // The new session works both ways.
+    transfer(&mut sim, 0, 1, 300_000, 9);
+    transfer(&mut sim, 1, 0, 20, 10);
+    transfer(&mut sim, 0, 1, 0, 11);
+}
+
+#[test]
+fn sender_restarts_mid_rendezvous() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    let now = sim.now();
+    sim.core(1)
+        .post_recv(now, Some(addr(0)), 7, !0, vec![0; 4 << 20], 70)
+        .unwrap();
+    // A posted receive that the old session never satisfies: it stays for the new one.
+    sim.core(1)
+        .post_recv(now, Some(addr(0)), 99, !0, vec![0; 5], 99)
+        .unwrap();
+    sim.core(0)
+        .send(now, addr(1), 7, pattern(7, 4 << 20), 7)
+        .unwrap();
+    sim.run_until(now + Duration::from_micros(300), |_| false);
+    let now = sim.now();
+    sim.replace_core(0, make_core(&cfg, 0, 2, 5, now));
+    // The new incarnation only talks later; the receiver's pulls reach it first.
+    let mut got = None;
+    sim.run_until(now + Duration::from_millis(20), |sim| {
+        for (k, c) in drain(sim) {
+            match c {
+                Completion::Recv(r) => got = Some((k, r.ctx, r.result.map(|_| ()))),
+                Completion::Send(_) => panic!("no send is outstanding"),
+            }
+        }
+        got.is_some()
+    });
+    assert_eq!(got, Some((1, 70, Err(RequestError::PeerRestarted))));
+    let now = sim.now();
+    sim.core(0)
+        .send(now, addr(1), 99, b"fresh".to_vec(), 1)
+        .unwrap();
+    let mut n = 0;
+    sim.run_until(now + Duration::from_millis(20), |sim| {
+        for (_, c) in drain(sim) {
+            match c {
+                Completion::Recv(r) => {
+                    assert_eq!(r.ctx, 99);
+                    assert_eq!(r.buf, b"fresh");
+                }
+                Completion::Send(s) => s.result.unwrap(),
+            }
+            n += 1;
+        }
+        n == 2
+    });
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn vanished_peer_is_declared_unreachable() {
+    let cfg = cfg();
+    let mut sim = make_sim(3, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 10, 1);
+    let now = sim.now();
+    sim.core(0)
+        .send(now, addr(1), 5, pattern(5, 2 << 20), 5)
+        .unwrap();
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 6, !0, vec![0; 10], 6)
+        .unwrap();
+    sim.core(0)
+        .post_recv(now, None, 7, !0, vec![0; 10], 7)
+        .unwrap();
+    sim.run_until(now + Duration::from_micros(100), |_| false);
+    let gone_at = sim.now();
+    sim.set_up(1, false);
+    let mut failed = Vec::new();
+    let ok = sim.run_until(gone_at + Duration::from_secs(5), |sim| {
+        for (k, c) in drain(sim) {
+            match c {
+                Completion::Send(s) => failed.push((k, s.ctx, s.result.err())),
+                Completion::Recv(r) => failed.push((k, r.ctx, r.result.err())),
+            }
+        }
+        failed.len() == 2
+    });
+    assert!(ok, "requests did not fail: {failed:?}");
+    failed.sort_by_key(|f| f.1);
+    assert_eq!(
+        failed,
+        vec![
+            (0, 5, Some(RequestError::PeerUnreachable)),
+            (0, 6, Some(RequestError::PeerUnreachable))
+        ]
+    );
+    // Declared within the deadline (plus the probe that noticed it).
+    let took = sim.now() - gone_at;
+    assert!(
+        took <= cfg.peer_timeout + cfg.keepalive + Duration::from_millis(1),
+        "took {took:?}"
+    );
+    assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+    // New requests naming it are refused at once; the rest of the cluster still works.
+    let now = sim.now();
+    let e = sim.core(0).send(now, addr(1), 1, vec![], 0).unwrap_err();
+    assert_eq!(e.error, SendError::PeerUnreachable);
+    let e = sim
+        .core(0)
+        .post_recv(now, Some(addr(1)), 1, !0, vec![], 0)
+        .unwrap_err();
+    assert_eq!(e.error, RecvError::PeerUnreachable);
+    sim.core(2)
+        .send(now, addr(0), 7, b"hello".to_vec(), 0)
+        .unwrap();
+    let mut n = 0;
+    sim.run_until(now + Duration::from_millis(10), |sim| {
+        n += drain(sim).len();
+        n == 2
+    });
+    assert_eq!(n, 2, "any-source receive was served by another peer");
+    // Nothing keeps running: no timer is left for the dead peer.
+    sim.run_until(sim.now() + Duration::from_secs(1), |_| false);
+    assert_eq!(sim.next_event(), None);
+    // It comes back with a new epoch: the session starts over.
+    let now = sim.now();
+    sim.replace_core(1, make_core(&cfg, 1, 3, 9, now));
+    sim.set_up(1, true);
+    sim.core(1)
+        .send(now, addr(0), 3, b"back".to_vec(), 0)
+        .unwrap();
+    let mut sent = false;
+    sim.run_until(now + Duration::from_millis(10), |sim| {
+        sent |= !drain(sim).is_empty();
+        sent
+    });
+    assert!(sent, "the first message of the new session was delivered");
+    let info = sim.core_ref(0).peer_info(PeerId(0)).unwrap();
+    assert!(!info.dead && info.epoch == 9);
+    assert_eq!(
+        sim.core(0).probe(Some(addr(1)), 3, !0).map(|p| p.len),
+        Some(4)
+    );
+    transfer(&mut sim, 1, 0, 5000, 4);
+    transfer(&mut sim, 0, 1, 50_000, 5);
+}
+
+#[test]
+fn idle_but_alive_peer_is_kept() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    let now = sim.now();
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 1, !0, vec![0; 4], 1)
+        .unwrap();
+    // The sender stays quiet for ten deadlines; keepalives prove it alive.
+    let later = now + cfg.peer_timeout * 10;
+    sim.run_until(later, |sim| {
+        assert!(drain(sim).is_empty());
+        false
+    });
+    assert!(
+        sim.core_ref(0)
+            .peer_stats(PeerId(0))
+            .unwrap()
+            .keepalives_sent
+            > 0
+    );
+    let now = sim.now();
+    sim.core(1)
+        .send(now, addr(0), 1, b"late".to_vec(), 0)
+        .unwrap();
+    let mut n = 0;
+    sim.run_until(now + Duration::from_millis(10), |sim| {
+        for (_, c) in drain(sim) {
+            if let Completion::Recv(r) = c {
+                assert_eq!(r.buf, b"late");
+            }
+            n += 1;
+        }
+        n == 2
+    });
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn one_way_link_fails_the_sender_in_time() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 10, 1);
+    // Node 1 streams to node 0, which hears it; node 0's frames no longer reach node 1.
+    let now = sim.now();
+    for k in 0..200u64 {
+        sim.core(1)
+            .send(now, addr(0), 100 + k, vec![k as u8; 5000], k)
+            .unwrap();
+    }
+    sim.core(0)
+        .send(now, addr(1), 5, pattern(5, 100_000), 5)
+        .unwrap();
+    sim.set_blocked(0, 1, true);
+    let mut failed_at = None;
+    let ok = sim.run_until(now + Duration::from_secs(2), |sim| {
+        for (k, c) in drain(sim) {
+            if let (0, Completion::Send(s)) = (k, c) {
+                assert_eq!(s.result, Err(RequestError::PeerUnreachable));
+                failed_at = Some(sim.now());
+            }
+        }
+        failed_at.is_some()
+    });
+    assert!(ok, "the send on the broken direction never failed");
+    let took = failed_at.unwrap() - now;
+    assert!(
+        took <= cfg.peer_timeout + Duration::from_millis(2),
+        "took {took:?}"
+    );
+}
