@@ -1,34 +1,50 @@
 //! `emx-bench`: how fast is this link, and what do emx's layers cost on it.
 //!
-//! For now (until the full benchmark lands) it measures the ping-pong round
-//! trip of 64-byte frames between two ports of a `net_memif` pair in one
-//! process, once through `dpdk-ffi`'s safe types and once through the raw
-//! bindings, in alternating rounds of the same run, and reports both with
-//! their ratio. No NIC and no hugepages are needed.
+//! On a `net_memif` pair in one process (no NIC, no hugepages needed) it
+//! measures, in alternating rounds of one run: the ping-pong round trip of raw
+//! DPDK frames (the floor of the link), of the same loop through `dpdk-ffi`'s
+//! safe types, and of emx messages with inline progress and with a polling
+//! thread; then one-way bandwidth of raw MTU frames against emx rendezvous
+//! messages sent from registered memory. Every row carries its ratio to raw.
 #![deny(unsafe_code)]
 
 mod pingpong;
 mod raw;
 
 use clap::{Parser, ValueEnum};
+use std::time::Duration;
+
 use dpdk_ffi::HugepageMode;
 
-/// Ping-pong over a memif pair: dpdk-ffi's safe types against raw DPDK.
+/// Latency and bandwidth over a memif pair in one process: raw DPDK, the safe
+/// DPDK types and emx (inline and with a polling thread), all in one run.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
-    /// Frame size in bytes, Ethernet header included (60 to 1514).
+    /// Frame size of the raw and safe ping-pong, Ethernet header included (60 to 1514).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(60..=1514))]
     size: u16,
-    /// Round trips measured per round.
-    #[arg(long, default_value_t = 200_000)]
-    iters: u32,
-    /// Rounds per variant; the variants alternate, and medians over rounds are reported.
+    /// emx message size for the latency rows, in bytes.
+    #[arg(long, default_value_t = 8)]
+    msg_size: usize,
+    /// Measured time per round and variant, in milliseconds.
+    #[arg(long, default_value_t = 300)]
+    round_ms: u64,
+    /// Rounds per variant; variants alternate, medians over rounds are reported.
     #[arg(long, default_value_t = 5)]
     rounds: u32,
-    /// Round trips before measuring, per round.
-    #[arg(long, default_value_t = 20_000)]
-    warmup: u32,
+    /// Warm-up per round, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    warmup_ms: u64,
+    /// emx message size for bandwidth, in bytes (rendezvous above 32 KiB).
+    #[arg(long, default_value_t = 1 << 20)]
+    bw_msg: usize,
+    /// Bytes streamed per bandwidth round and variant, in MiB.
+    #[arg(long, default_value_t = 128)]
+    bw_mib: usize,
+    /// Skip the bandwidth section.
+    #[arg(long)]
+    no_bandwidth: bool,
     /// Hugepages: auto (when free ones exist), never (--no-huge) or require.
     #[arg(long, value_enum, default_value_t = Huge::Auto)]
     hugepages: Huge,
@@ -53,9 +69,13 @@ fn main() {
     };
     let cfg = pingpong::Config {
         size: usize::from(args.size),
-        iters: args.iters,
-        rounds: args.rounds,
-        warmup: args.warmup,
+        msg_size: args.msg_size,
+        round: Duration::from_millis(args.round_ms),
+        rounds: args.rounds.max(1),
+        warmup: Duration::from_millis(args.warmup_ms),
+        bw_msg: args.bw_msg.max(1),
+        bw_bytes: args.bw_mib.max(1) << 20,
+        no_bandwidth: args.no_bandwidth,
         hugepages: mode,
     };
     match pingpong::run(&cfg) {

@@ -11,10 +11,13 @@
 //!   other (latency, MTU, bandwidth, seeded loss, duplication, reordering, corruption),
 //!   for tests and for measuring the core's cost.
 //!
-//! With the `runtime` feature (without it the crate is the protocol core
-//! alone and needs no DPDK):
+//! With the `runtime` feature (on by default; without it the crate is the
+//! protocol core alone and needs no DPDK):
 //! - [`io`]: the packet I/O seam, a burst-in/burst-out trait with a DPDK port
 //!   implementation, an in-memory network, and fault-injecting and pcap wrappers.
+//! - [`runtime`]: the core driven over a link by a polling thread or inline,
+//!   the lock-free rings to application threads, and the public API
+//!   ([`runtime::Engine`], [`runtime::Endpoint`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -24,3 +27,5 @@ pub mod wire;
 
 #[cfg(feature = "runtime")]
 pub mod io;
+#[cfg(feature = "runtime")]
+pub mod runtime;

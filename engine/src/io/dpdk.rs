@@ -4,11 +4,6 @@ use dpdk_ffi::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 
 use super::{Frame, IoError, IoStats, Mac, PacketIo, Payload};
 
-/// Registered payloads shorter than this are copied: attaching an external
-/// buffer costs a second mbuf and a chained descriptor, more than copying a
-/// few hundred bytes.
-pub const ZERO_COPY_MIN: usize = 256;
-
 impl Frame for Mbuf {
     fn len(&self) -> usize {
         self.pkt_len()
@@ -39,6 +34,7 @@ pub struct DpdkIo {
     mac: Mac,
     max_frame: usize,
     zero_copy: bool,
+    copy_below: usize,
     stats: IoStats,
 }
 
@@ -52,6 +48,7 @@ impl DpdkIo {
             mac: port.mac(),
             max_frame: usize::from(port.mtu()) + 14,
             zero_copy: port.multi_seg_tx(),
+            copy_below: 0,
             stats: IoStats::default(),
         })
     }
@@ -60,6 +57,13 @@ impl DpdkIo {
     /// transmits chained mbufs).
     pub fn zero_copy(&self) -> bool {
         self.zero_copy
+    }
+
+    /// Copies registered payloads shorter than `n` bytes instead of attaching
+    /// them (attaching costs a second mbuf and descriptor, more than copying a
+    /// few dozen bytes). Default 0: registered memory is never copied.
+    pub fn set_copy_below(&mut self, n: usize) {
+        self.copy_below = n;
     }
 
     fn segment(&self) -> Result<Mbuf, IoError> {
@@ -144,7 +148,9 @@ impl PacketIo for DpdkIo {
             });
         }
         match payload {
-            Payload::Registered { buf, offset, len } if self.zero_copy && len >= ZERO_COPY_MIN => {
+            Payload::Registered { buf, offset, len }
+                if self.zero_copy && len >= self.copy_below.max(1) =>
+            {
                 // One segment per run that is contiguous in IO address space
                 // (with physical addresses a page boundary may split a payload).
                 let (mut at, end) = (offset, offset + len);

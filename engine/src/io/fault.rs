@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Frame, IoError, IoStats, Mac, PacketIo, Payload};
+use super::{Frame, PacketIo};
 
 /// Most frames held back at once.
 const MAX_HELD: usize = 4096;
@@ -231,31 +231,5 @@ impl<L: PacketIo> PacketIo for Faulty<L> {
     fn send(&mut self, frames: &mut Vec<L::Frame>) -> usize {
         self.inner.send(frames)
     }
-    fn alloc(&mut self) -> Result<L::Frame, IoError> {
-        self.inner.alloc()
-    }
-    fn put<'f>(&mut self, frame: &'f mut L::Frame, len: usize) -> Result<&'f mut [u8], IoError> {
-        self.inner.put(frame, len)
-    }
-    fn truncate(&mut self, frame: &mut L::Frame, len: usize) {
-        self.inner.truncate(frame, len)
-    }
-    fn attach(&mut self, frame: &mut L::Frame, payload: Payload<'_>) -> Result<(), IoError> {
-        self.inner.attach(frame, payload)
-    }
-    fn duplicate(&mut self, frame: &L::Frame) -> Option<L::Frame> {
-        self.inner.duplicate(frame)
-    }
-    fn mac(&self) -> Mac {
-        self.inner.mac()
-    }
-    fn max_frame(&self) -> usize {
-        self.inner.max_frame()
-    }
-    fn stats(&self) -> IoStats {
-        self.inner.stats()
-    }
-    fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, IoError> {
-        self.inner.enter_thread()
-    }
+    crate::delegate_packet_io!();
 }

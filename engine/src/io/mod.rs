@@ -14,6 +14,52 @@
 //!
 //! This module must not know the protocol: it moves bytes.
 
+/// Writes the [`PacketIo`] methods that a link wrapper passes through
+/// unchanged to its `inner` link: everything but `recv` and `send`, which a
+/// wrapper exists to change. Use it inside `impl PacketIo for YourWrapper`.
+#[macro_export]
+macro_rules! delegate_packet_io {
+    () => {
+        fn alloc(&mut self) -> Result<Self::Frame, $crate::io::IoError> {
+            self.inner.alloc()
+        }
+        fn put<'f>(
+            &mut self,
+            frame: &'f mut Self::Frame,
+            len: usize,
+        ) -> Result<&'f mut [u8], $crate::io::IoError> {
+            self.inner.put(frame, len)
+        }
+        fn truncate(&mut self, frame: &mut Self::Frame, len: usize) {
+            self.inner.truncate(frame, len)
+        }
+        fn attach(
+            &mut self,
+            frame: &mut Self::Frame,
+            payload: $crate::io::Payload<'_>,
+        ) -> Result<(), $crate::io::IoError> {
+            self.inner.attach(frame, payload)
+        }
+        fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame> {
+            self.inner.duplicate(frame)
+        }
+        fn mac(&self) -> $crate::io::Mac {
+            self.inner.mac()
+        }
+        fn max_frame(&self) -> usize {
+            self.inner.max_frame()
+        }
+        fn stats(&self) -> $crate::io::IoStats {
+            self.inner.stats()
+        }
+        fn enter_thread(
+            &self,
+        ) -> Result<Option<$crate::io::dpdk_ffi::ThreadRegistration>, $crate::io::IoError> {
+            self.inner.enter_thread()
+        }
+    };
+}
+
 mod dpdk;
 mod fault;
 mod mem;
@@ -24,6 +70,8 @@ pub use fault::{FaultConfig, FaultHandle, Faulty};
 pub use mem::{MemFrame, MemIo, MemNetwork};
 pub use pcap::PcapRecorder;
 
+/// The DPDK layer this seam is built on, for the types its API names.
+pub use dpdk_ffi;
 use dpdk_ffi::ExtBuf;
 
 /// Ethernet MAC address.

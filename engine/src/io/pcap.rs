@@ -6,7 +6,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{Frame, IoError, IoStats, Mac, PacketIo, Payload};
+use super::{Frame, IoError, PacketIo};
 
 /// pcap magic for nanosecond timestamps.
 const MAGIC_NS: u32 = 0xa1b2_3c4d;
@@ -130,33 +130,7 @@ impl<L: PacketIo> PacketIo for PcapRecorder<L> {
         n
     }
 
-    fn alloc(&mut self) -> Result<L::Frame, IoError> {
-        self.inner.alloc()
-    }
-    fn put<'f>(&mut self, frame: &'f mut L::Frame, len: usize) -> Result<&'f mut [u8], IoError> {
-        self.inner.put(frame, len)
-    }
-    fn truncate(&mut self, frame: &mut L::Frame, len: usize) {
-        self.inner.truncate(frame, len)
-    }
-    fn attach(&mut self, frame: &mut L::Frame, payload: Payload<'_>) -> Result<(), IoError> {
-        self.inner.attach(frame, payload)
-    }
-    fn duplicate(&mut self, frame: &L::Frame) -> Option<L::Frame> {
-        self.inner.duplicate(frame)
-    }
-    fn mac(&self) -> Mac {
-        self.inner.mac()
-    }
-    fn max_frame(&self) -> usize {
-        self.inner.max_frame()
-    }
-    fn stats(&self) -> IoStats {
-        self.inner.stats()
-    }
-    fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, IoError> {
-        self.inner.enter_thread()
-    }
+    crate::delegate_packet_io!();
 }
 
 impl<L: PacketIo> Drop for PcapRecorder<L> {

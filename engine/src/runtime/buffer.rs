@@ -1,0 +1,103 @@
+//! Message buffers as the runtime hands them to the protocol core.
+//!
+//! A send is either from registered memory ([`SendBuf::Registered`]: frames
+//! point into it, no byte is copied) or from ordinary memory
+//! ([`SendBuf::Owned`]: each frame's payload is copied into the frame, because
+//! a NIC can only reach registered memory). A receive always copies into its
+//! buffer, which may be either kind.
+
+use dpdk_ffi::ExtBuf;
+
+use crate::io::Payload;
+
+/// The buffer of a send.
+#[derive(Debug)]
+pub enum SendBuf {
+    /// Ordinary memory: payloads are copied into frames.
+    Owned(Vec<u8>),
+    /// Registered memory: payloads are attached to frames without a copy.
+    Registered(ExtBuf),
+}
+
+impl SendBuf {
+    /// The slice `offset..offset + len` as a frame payload.
+    pub fn payload(&self, offset: usize, len: usize) -> Payload<'_> {
+        match self {
+            SendBuf::Owned(v) => Payload::Copy(&v[offset..offset + len]),
+            SendBuf::Registered(buf) => Payload::Registered { buf, offset, len },
+        }
+    }
+}
+
+impl AsRef<[u8]> for SendBuf {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            SendBuf::Owned(v) => v,
+            SendBuf::Registered(b) => b.as_slice(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for SendBuf {
+    fn from(v: Vec<u8>) -> SendBuf {
+        SendBuf::Owned(v)
+    }
+}
+
+impl From<ExtBuf> for SendBuf {
+    fn from(b: ExtBuf) -> SendBuf {
+        SendBuf::Registered(b)
+    }
+}
+
+/// The buffer of a receive.
+#[derive(Debug)]
+pub enum RecvBuf {
+    /// Ordinary memory.
+    Owned(Vec<u8>),
+    /// Registered memory (no frame may refer to it while it receives).
+    Registered(ExtBuf),
+}
+
+impl RecvBuf {
+    /// Whether the buffer can be written now (a registered buffer that frames
+    /// still refer to cannot).
+    pub fn writable(&mut self) -> bool {
+        match self {
+            RecvBuf::Owned(_) => true,
+            RecvBuf::Registered(b) => b.as_mut_slice().is_some(),
+        }
+    }
+}
+
+impl AsMut<[u8]> for RecvBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        match self {
+            RecvBuf::Owned(v) => v,
+            RecvBuf::Registered(b) => b
+                .as_mut_slice()
+                .expect("a registered receive buffer is checked writable when posted, and only the receive writes it"),
+        }
+    }
+}
+
+impl AsRef<[u8]> for RecvBuf {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            RecvBuf::Owned(v) => v,
+            RecvBuf::Registered(b) => b.as_slice(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for RecvBuf {
+    fn from(v: Vec<u8>) -> RecvBuf {
+        RecvBuf::Owned(v)
+    }
+}
+
+impl From<ExtBuf> for RecvBuf {
+    fn from(b: ExtBuf) -> RecvBuf {
+        RecvBuf::Registered(b)
+    }
+}

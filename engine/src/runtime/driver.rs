@@ -1,0 +1,241 @@
+//! The driver: one protocol core joined to one packet I/O link. One call of
+//! [`Driver::progress`] receives a burst, feeds it to the core, runs due
+//! timers, builds the core's outgoing frames in place and sends them as a
+//! burst. Whoever owns the driver (a polling thread, or an application thread
+//! in inline mode) calls it; nothing else touches the core or the link.
+
+use std::time::Instant;
+
+use crate::io::{Frame, IoStats, PacketIo};
+use crate::proto::{Completion, Core, Time};
+use crate::wire::FRAME_HEADER_LEN;
+
+use super::buffer::{RecvBuf, SendBuf};
+
+/// Frames received or sent per burst.
+pub const BURST: usize = 32;
+/// Frames the driver keeps queued for a link that is full before it stops
+/// asking the core for more.
+const TX_BACKLOG: usize = 4 * BURST;
+
+/// The core as the runtime instantiates it.
+pub type RuntimeCore = Core<SendBuf, RecvBuf>;
+
+/// A monotonic clock in the core's [`Time`], read once per poll.
+///
+/// It counts time-stamp-counter ticks, as DPDK programs do: reading the TSC
+/// costs a few nanoseconds, `clock_gettime` several times that, and in an
+/// inline loop the clock is read on every poll (it was the largest single
+/// cost of an emx round trip in the profile). Ticks are converted with a
+/// rate measured once per process against the system clock. Where the CPU
+/// has no invariant TSC, it falls back to the system clock.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    origin: Instant,
+    origin_tsc: u64,
+    /// Nanoseconds per tick in 32.32 fixed point; 0: use `origin`.
+    ns_per_tick: u64,
+}
+
+/// Nanoseconds per TSC tick (32.32 fixed point), or 0 without an invariant TSC.
+fn tsc_rate() -> u64 {
+    static RATE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *RATE.get_or_init(|| {
+        let invariant = std::fs::read_to_string("/proc/cpuinfo")
+            .map(|c| c.contains(" constant_tsc") && c.contains(" nonstop_tsc"))
+            .unwrap_or(false);
+        if !invariant {
+            return 0;
+        }
+        let (t0, c0) = (Instant::now(), dpdk_ffi::rdtsc());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let (ns, ticks) = (
+            t0.elapsed().as_nanos() as u64,
+            dpdk_ffi::rdtsc().wrapping_sub(c0),
+        );
+        if ticks == 0 {
+            return 0;
+        }
+        ((u128::from(ns) << 32) / u128::from(ticks)) as u64
+    })
+}
+
+impl Clock {
+    /// A clock whose origin is now.
+    pub fn new() -> Clock {
+        Clock {
+            origin: Instant::now(),
+            origin_tsc: dpdk_ffi::rdtsc(),
+            ns_per_tick: tsc_rate(),
+        }
+    }
+
+    /// Now.
+    #[inline]
+    pub fn now(&self) -> Time {
+        if self.ns_per_tick == 0 {
+            return Time::from_nanos(self.origin.elapsed().as_nanos() as u64);
+        }
+        let ticks = dpdk_ffi::rdtsc().wrapping_sub(self.origin_tsc);
+        Time::from_nanos(((u128::from(ticks) * u128::from(self.ns_per_tick)) >> 32) as u64)
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// What one [`Driver::progress`] call did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Frames received and handed to the core.
+    pub received: usize,
+    /// Frames handed to the link.
+    pub sent: usize,
+    /// Completions produced.
+    pub completed: usize,
+}
+
+impl Progress {
+    /// True when nothing happened (the caller may back off).
+    pub fn idle(&self) -> bool {
+        self.received == 0 && self.sent == 0 && self.completed == 0
+    }
+}
+
+/// One core and one link.
+pub struct Driver<L: PacketIo> {
+    core: RuntimeCore,
+    io: L,
+    rx: Vec<L::Frame>,
+    tx: Vec<L::Frame>,
+    /// An allocated frame the core had nothing to put in, kept for next time.
+    spare: Option<L::Frame>,
+    /// For frames that arrive in several segments (jumbo frames on small mbufs).
+    linear: Vec<u8>,
+    /// Frames that could not be built (no buffer, payload refused).
+    build_failures: u64,
+}
+
+impl<L: PacketIo> Driver<L> {
+    /// Joins `core` to `io`.
+    pub fn new(core: RuntimeCore, io: L) -> Driver<L> {
+        Driver {
+            core,
+            io,
+            rx: Vec::with_capacity(BURST),
+            tx: Vec::with_capacity(TX_BACKLOG + BURST),
+            spare: None,
+            linear: Vec::new(),
+            build_failures: 0,
+        }
+    }
+
+    /// The core, to submit requests and read statistics.
+    pub fn core(&mut self) -> &mut RuntimeCore {
+        &mut self.core
+    }
+
+    /// The core, read-only.
+    pub fn core_ref(&self) -> &RuntimeCore {
+        &self.core
+    }
+
+    /// The link.
+    pub fn io(&self) -> &L {
+        &self.io
+    }
+
+    /// The link's counters.
+    pub fn io_stats(&self) -> IoStats {
+        self.io.stats()
+    }
+
+    /// Frames that could not be built for want of a buffer. The core
+    /// retransmits what was lost this way.
+    pub fn build_failures(&self) -> u64 {
+        self.build_failures
+    }
+
+    /// Frames queued for a full link.
+    pub fn tx_backlog(&self) -> usize {
+        self.tx.len()
+    }
+
+    /// One round of work at time `now`; completions go to `on_completion`.
+    #[inline]
+    pub fn progress(
+        &mut self,
+        now: Time,
+        mut on_completion: impl FnMut(Completion<SendBuf, RecvBuf>),
+    ) -> Progress {
+        // In: a burst from the link into the core. Bad frames are counted by
+        // the core and dropped; there is nothing more to do about them here.
+        let mut p = Progress {
+            received: self.io.recv(&mut self.rx, BURST),
+            ..Progress::default()
+        };
+        for f in self.rx.drain(..) {
+            let _ = match f.contiguous() {
+                Some(bytes) => self.core.handle_frame(now, bytes),
+                None => {
+                    f.copy_to(&mut self.linear);
+                    self.core.handle_frame(now, &self.linear)
+                }
+            };
+        }
+
+        if self.core.poll_timeout().is_some_and(|t| t <= now) {
+            self.core.handle_timeout(now);
+        }
+
+        // Out: build frames in place until the core has none or the backlog
+        // for a full link is reached.
+        while self.tx.len() < TX_BACKLOG {
+            let mut f = match self.spare.take() {
+                Some(f) => f,
+                None => match self.io.alloc() {
+                    Ok(f) => f,
+                    Err(_) => break,
+                },
+            };
+            let Ok(hdr) = self.io.put(&mut f, FRAME_HEADER_LEN) else {
+                self.build_failures += 1;
+                break;
+            };
+            let Some(t) = self.core.poll_transmit(now, hdr) else {
+                self.io.truncate(&mut f, 0);
+                self.spare = Some(f);
+                break;
+            };
+            self.io.truncate(&mut f, t.header_len);
+            if let Some(pr) = t.payload {
+                let buf = self
+                    .core
+                    .send_buffer(pr.req)
+                    .expect("the core keeps a send's buffer while frames refer to it");
+                if self
+                    .io
+                    .attach(&mut f, buf.payload(pr.offset as usize, pr.len as usize))
+                    .is_err()
+                {
+                    // Treated as lost on the wire: the core retransmits it.
+                    self.build_failures += 1;
+                    continue;
+                }
+            }
+            self.tx.push(f);
+        }
+        if !self.tx.is_empty() {
+            p.sent = self.io.send(&mut self.tx);
+        }
+
+        while let Some(c) = self.core.poll_completion() {
+            p.completed += 1;
+            on_completion(c);
+        }
+        p
+    }
+}

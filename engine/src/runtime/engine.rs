@@ -1,0 +1,1044 @@
+//! The public face of the runtime: an [`Engine`] runs one protocol core over
+//! one link, and hands out an [`Endpoint`] through which an application sends
+//! and receives.
+//!
+//! Two ways to make progress:
+//! - [`ProgressMode::Thread`]: a polling thread, pinned to a core, owns the
+//!   link and the protocol core. Application threads submit requests through
+//!   a lock-free ring and take completions from another; a full ring is
+//!   reported as [`Error::WouldBlock`], never lost. Idle, the thread backs off
+//!   (spin, yield, short sleep) unless told to spin forever.
+//! - [`ProgressMode::Inline`]: no thread; the application thread drives
+//!   progress itself whenever it tests or waits, with no cross-core hop. The
+//!   lowest latency on few cores. An inline engine acts only while driven:
+//!   it acknowledges, answers rendezvous pulls and keepalives only inside
+//!   `test`, `wait` and `progress`. A peer waiting on an engine that nobody
+//!   drives hears nothing, and after `peer_timeout` declares it unreachable;
+//!   keep calling [`Endpoint::progress`] when idle.
+//!
+//! ```
+//! use emx::io::{MemNetwork, PacketIo};
+//! use emx::proto::Addr;
+//! use emx::runtime::{Engine, EngineConfig, PeerConfig};
+//!
+//! // Two engines on an in-memory link (a DPDK port works the same way, through
+//! // `emx::io::DpdkIo`).
+//! let (link_a, link_b) = MemNetwork::pair(1500);
+//! let peer = |node, mac| PeerConfig { node, endpoint: 0, mac };
+//! let cfg_a = EngineConfig { peers: vec![peer(2, link_b.mac())], ..EngineConfig::new(1) };
+//! let cfg_b = EngineConfig { peers: vec![peer(1, link_a.mac())], ..EngineConfig::new(2) };
+//! let (mut ea, mut eb) = (Engine::start(&cfg_a, link_a)?, Engine::start(&cfg_b, link_b)?);
+//! let (mut a, mut b) = (ea.endpoint()?, eb.endpoint()?);
+//!
+//! let recv = b.irecv(None, 0x42, u64::MAX, vec![0u8; 5]).expect("posted");
+//! let send = a.isend(Addr::new(2, 0), 0x42, b"hello".to_vec()).expect("sent");
+//! // Inline progress: drive both sides until both requests are done.
+//! let (mut got, mut sent) = (None, None);
+//! while got.is_none() || sent.is_none() {
+//!     if sent.is_none() { sent = a.test(send)?; }
+//!     if got.is_none() { got = b.test(recv)?; }
+//! }
+//! let (buf, info) = got.unwrap().into_recv()?;
+//! assert_eq!((buf.as_ref(), info.src), (&b"hello"[..], Addr::new(1, 0)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+use serde::Deserialize;
+
+use crate::io::{IoStats, PacketIo};
+use crate::proto::{Addr, Completion, Core, CoreConfig, MacAddr, PeerStats, ProbeInfo};
+
+use super::buffer::{RecvBuf, SendBuf};
+use super::driver::{Clock, Driver, Progress, BURST};
+use super::request::{Buf, Completed, Request, Requests};
+use super::Error;
+
+/// How progress is made.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case", tag = "mode", deny_unknown_fields)]
+pub enum ProgressMode {
+    /// The application thread drives progress inside test and wait.
+    #[default]
+    Inline,
+    /// A polling thread owns the link.
+    Thread {
+        /// CPU to pin it to (`None`: not pinned).
+        #[serde(default)]
+        core: Option<usize>,
+        /// Never back off when idle (for an isolated core).
+        #[serde(default)]
+        spin: bool,
+    },
+}
+
+/// Protocol settings, as a configuration file gives them (times in
+/// microseconds). Unset fields take the defaults of [`CoreConfig`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProtocolConfig {
+    /// EtherType of emx frames (default 0x88B5).
+    pub ethertype: Option<u16>,
+    /// Cluster id.
+    pub cluster: Option<u16>,
+    /// Messages up to this many bytes go eager.
+    pub eager_threshold: Option<u64>,
+    /// Bytes of the unexpected-message store.
+    pub unexpected_bytes: Option<u64>,
+    /// Send window in frames (1..=64).
+    pub window: Option<u32>,
+    /// Bytes per rendezvous pull.
+    pub pull_block: Option<u32>,
+    /// Pulls in flight per rendezvous receive (1..=8).
+    pub pull_inflight: Option<u8>,
+    /// Most peers.
+    pub max_peers: Option<usize>,
+    /// Most outstanding sends.
+    pub max_sends: Option<usize>,
+    /// Most outstanding receives.
+    pub max_recvs: Option<usize>,
+    /// A silent peer is declared unreachable after this long (µs).
+    pub peer_timeout_us: Option<u64>,
+    /// Keepalive interval (µs).
+    pub keepalive_us: Option<u64>,
+    /// Initial retransmission timeout (µs).
+    pub rto_initial_us: Option<u64>,
+}
+
+impl ProtocolConfig {
+    /// The core configuration for a link of this MTU.
+    pub fn core_config(&self, mtu: usize) -> CoreConfig {
+        let d = CoreConfig::default();
+        let us = |v: Option<u64>, dflt: Duration| v.map_or(dflt, Duration::from_micros);
+        CoreConfig {
+            ethertype: self.ethertype.unwrap_or(d.ethertype),
+            cluster: self.cluster.unwrap_or(d.cluster),
+            mtu,
+            max_peers: self.max_peers.unwrap_or(d.max_peers),
+            max_sends: self.max_sends.unwrap_or(d.max_sends),
+            max_recvs: self.max_recvs.unwrap_or(d.max_recvs),
+            window: self.window.unwrap_or(d.window),
+            eager_threshold: self.eager_threshold.unwrap_or(d.eager_threshold),
+            unexpected_bytes: self.unexpected_bytes.unwrap_or(d.unexpected_bytes),
+            pull_block: self.pull_block.unwrap_or(d.pull_block),
+            pull_inflight: self.pull_inflight.unwrap_or(d.pull_inflight),
+            peer_timeout: us(self.peer_timeout_us, d.peer_timeout),
+            keepalive: us(self.keepalive_us, d.keepalive),
+            rto_initial: us(self.rto_initial_us, d.rto_initial),
+            ..d
+        }
+    }
+}
+
+/// A peer known from the start.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// Its node number.
+    pub node: u16,
+    /// Its endpoint (default 0).
+    #[serde(default)]
+    pub endpoint: u8,
+    /// Its MAC address, `aa:bb:cc:dd:ee:ff`.
+    #[serde(deserialize_with = "de_mac")]
+    pub mac: [u8; 6],
+}
+
+fn de_mac<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u8; 6], D::Error> {
+    let s = String::deserialize(d)?;
+    parse_mac(&s).ok_or_else(|| {
+        serde::de::Error::custom(format!("bad MAC address `{s}` (want aa:bb:cc:dd:ee:ff)"))
+    })
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+/// How to run an engine. Deserializable, so it can come from a file.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// This node's number.
+    pub node: u16,
+    /// This endpoint's number on the node (default 0).
+    #[serde(default)]
+    pub endpoint: u8,
+    /// Session epoch; a fresh one per start when unset (a restarted node must
+    /// come back with a new epoch).
+    #[serde(default)]
+    pub epoch: Option<u32>,
+    /// Progress mode.
+    #[serde(default)]
+    pub progress: ProgressMode,
+    /// Protocol settings.
+    #[serde(default)]
+    pub protocol: ProtocolConfig,
+    /// Peers known from the start.
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
+    /// Entries of the submission and completion rings (default 1024).
+    #[serde(default = "default_ring")]
+    pub ring: usize,
+}
+
+fn default_ring() -> usize {
+    1024
+}
+
+impl EngineConfig {
+    /// A configuration with defaults for node `node`.
+    pub fn new(node: u16) -> EngineConfig {
+        EngineConfig {
+            node,
+            endpoint: 0,
+            epoch: None,
+            progress: ProgressMode::Inline,
+            protocol: ProtocolConfig::default(),
+            peers: Vec::new(),
+            ring: default_ring(),
+        }
+    }
+}
+
+/// A driver with its link type erased, so that the engine is not generic.
+trait Drive: Send {
+    fn progress(
+        &mut self,
+        now: crate::proto::Time,
+        sink: &mut dyn FnMut(Completion<SendBuf, RecvBuf>),
+    ) -> Progress;
+    fn core(&mut self) -> &mut Core<SendBuf, RecvBuf>;
+    fn io_stats(&self) -> IoStats;
+    fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, crate::io::IoError>;
+}
+
+impl<L: PacketIo + Send> Drive for Driver<L>
+where
+    L::Frame: Send,
+{
+    fn progress(
+        &mut self,
+        now: crate::proto::Time,
+        sink: &mut dyn FnMut(Completion<SendBuf, RecvBuf>),
+    ) -> Progress {
+        Driver::progress(self, now, sink)
+    }
+    fn core(&mut self) -> &mut Core<SendBuf, RecvBuf> {
+        Driver::core(self)
+    }
+    fn io_stats(&self) -> IoStats {
+        Driver::io_stats(self)
+    }
+    fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, crate::io::IoError> {
+        self.io().enter_thread()
+    }
+}
+
+enum Cmd {
+    Send {
+        req: Request,
+        dst: Addr,
+        bits: u64,
+        buf: SendBuf,
+    },
+    Recv {
+        req: Request,
+        src: Option<Addr>,
+        bits: u64,
+        mask: u64,
+        buf: RecvBuf,
+    },
+    Cancel {
+        req: Request,
+    },
+    Probe {
+        src: Option<Addr>,
+        bits: u64,
+        mask: u64,
+    },
+    AddPeer {
+        addr: Addr,
+        mac: [u8; 6],
+    },
+    Stats {
+        addr: Addr,
+    },
+}
+
+enum Event {
+    Done { req: Request, c: Completed },
+    Probe(Option<ProbeInfo>),
+    AddPeer(Result<(), Error>),
+    Stats(Option<PeerStats>, IoStats),
+}
+
+const RUNNING: u8 = 0;
+const STOPPING: u8 = 1;
+const STOPPED: u8 = 2;
+
+struct Shared {
+    cmds: ArrayQueue<Cmd>,
+    events: ArrayQueue<Event>,
+    state: AtomicU8,
+    /// Until when a stopping engine keeps driving outstanding sends.
+    drain_until: Mutex<Option<Instant>>,
+    waiting: AtomicBool,
+    waiter: Mutex<Option<Thread>>,
+}
+
+fn completed(c: Completion<SendBuf, RecvBuf>) -> (Request, Completed) {
+    match c {
+        Completion::Send(s) => (
+            Request(s.ctx),
+            Completed {
+                buf: Buf::Send(s.buf),
+                result: s.result.map(|()| None).map_err(Error::Request),
+            },
+        ),
+        Completion::Recv(r) => (
+            Request(r.ctx),
+            Completed {
+                buf: Buf::Recv(r.buf),
+                result: r.result.map(Some).map_err(Error::Request),
+            },
+        ),
+    }
+}
+
+/// What shutting down found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Requests that finished while draining.
+    pub drained: usize,
+    /// Requests still outstanding at the deadline, completed with
+    /// [`Error::ShutDown`].
+    pub aborted: usize,
+}
+
+/// One emx engine: a protocol core over a link, progressed by a polling
+/// thread or inline.
+pub struct Engine {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    inline: Option<Box<dyn Drive>>,
+    endpoint_taken: bool,
+    local: Addr,
+    max_requests: usize,
+    clock: Clock,
+}
+
+impl Engine {
+    /// Starts an engine over `io` (a [`DpdkIo`](crate::io::DpdkIo) port queue,
+    /// an in-memory link, or a wrapper of either).
+    pub fn start<L: PacketIo + Send + 'static>(cfg: &EngineConfig, io: L) -> Result<Engine, Error>
+    where
+        L::Frame: Send,
+    {
+        let clock = Clock::new();
+        let core_cfg = cfg.protocol.core_config(io.max_frame() - 14);
+        let epoch = cfg.epoch.unwrap_or_else(fresh_epoch);
+        let local = Addr::new(cfg.node, cfg.endpoint);
+        let max_requests = core_cfg.max_sends + core_cfg.max_recvs;
+        let mut core = Core::new(core_cfg, local, MacAddr(io.mac()), epoch, clock.now())
+            .map_err(Error::Config)?;
+        for p in &cfg.peers {
+            core.add_peer(Addr::new(p.node, p.endpoint), MacAddr(p.mac))
+                .map_err(Error::Peer)?;
+        }
+        let ring = cfg.ring.max(BURST);
+        let shared = Arc::new(Shared {
+            cmds: ArrayQueue::new(ring),
+            events: ArrayQueue::new(ring),
+            state: AtomicU8::new(RUNNING),
+            drain_until: Mutex::new(None),
+            waiting: AtomicBool::new(false),
+            waiter: Mutex::new(None),
+        });
+        let driver: Box<dyn Drive> = Box::new(Driver::new(core, io));
+        let mut engine = Engine {
+            shared,
+            thread: None,
+            inline: None,
+            endpoint_taken: false,
+            local,
+            max_requests,
+            clock,
+        };
+        match cfg.progress {
+            ProgressMode::Inline => engine.inline = Some(driver),
+            ProgressMode::Thread { core, spin } => {
+                let shared = engine.shared.clone();
+                let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+                let handle = std::thread::Builder::new()
+                    .name(format!("emx-poll-{}", cfg.node))
+                    .spawn(move || {
+                        poll_thread(driver, shared, clock, core, spin, max_requests, ready_tx)
+                    })
+                    .map_err(|e| Error::Thread(e.to_string()))?;
+                ready_rx
+                    .recv()
+                    .map_err(|_| Error::Thread("polling thread died at start".into()))??;
+                engine.thread = Some(handle);
+            }
+        }
+        Ok(engine)
+    }
+
+    /// This engine's address.
+    pub fn local(&self) -> Addr {
+        self.local
+    }
+
+    /// The endpoint, handed out once.
+    pub fn endpoint(&mut self) -> Result<Endpoint, Error> {
+        if std::mem::replace(&mut self.endpoint_taken, true) {
+            return Err(Error::EndpointTaken);
+        }
+        let mode = match self.inline.take() {
+            Some(driver) => Mode::Inline(driver),
+            None => Mode::Thread,
+        };
+        Ok(Endpoint {
+            shared: self.shared.clone(),
+            mode,
+            requests: Requests::new(self.max_requests),
+            reply: None,
+            clock: self.clock,
+            local: self.local,
+        })
+    }
+
+    /// Stops accepting work, lets outstanding requests finish until
+    /// `deadline` from now, completes the rest with [`Error::ShutDown`], and
+    /// stops the polling thread. The link closes when the engine and its
+    /// endpoint are gone. (Inline engines are drained by
+    /// [`Endpoint::close`].)
+    pub fn shutdown(mut self, deadline: Duration) -> Result<(), Error> {
+        self.stop(deadline)
+    }
+
+    fn stop(&mut self, deadline: Duration) -> Result<(), Error> {
+        *self
+            .shared
+            .drain_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + deadline);
+        self.shared.state.store(STOPPING, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.join()
+                .map_err(|_| Error::Thread("polling thread panicked".into()))?;
+        }
+        self.shared.state.store(STOPPED, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.stop(Duration::ZERO);
+    }
+}
+
+fn fresh_epoch() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    ((t.as_nanos() as u32) ^ std::process::id().rotate_left(16)) | 1
+}
+
+/// Spin, then yield, then sleep, while idle.
+struct Backoff {
+    idle: u32,
+    spin_forever: bool,
+}
+
+impl Backoff {
+    fn reset(&mut self) {
+        self.idle = 0;
+    }
+    fn snooze(&mut self) {
+        self.idle = self.idle.saturating_add(1);
+        if self.spin_forever || self.idle < 2000 {
+            std::hint::spin_loop();
+        } else if self.idle < 2100 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+fn poll_thread(
+    mut driver: Box<dyn Drive>,
+    shared: Arc<Shared>,
+    clock: Clock,
+    core: Option<usize>,
+    spin: bool,
+    max_requests: usize,
+    ready: std::sync::mpsc::Sender<Result<(), Error>>,
+) {
+    if let Some(c) = core {
+        core_affinity::set_for_current(core_affinity::CoreId { id: c });
+    }
+    let _reg = match driver.enter_thread() {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = ready.send(Err(Error::Io(e)));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    tracing::debug!(?core, spin, "polling thread started");
+    // The core's id of each request, by request slot, for cancel.
+    let mut ids: Vec<Option<(Request, crate::proto::RequestId)>> = vec![None; max_requests];
+    // Events the ring had no room for: bounded by the requests outstanding
+    // (each completes once) plus one reply per control command.
+    let mut backlog: VecDeque<Event> = VecDeque::with_capacity(BURST);
+    let mut backoff = Backoff {
+        idle: 0,
+        spin_forever: spin,
+    };
+    let mut outstanding = 0usize;
+    loop {
+        let now = clock.now();
+        let mut work = 0;
+        for _ in 0..BURST {
+            let Some(cmd) = shared.cmds.pop() else { break };
+            work += 1;
+            let core = driver.core();
+            match cmd {
+                Cmd::Send {
+                    req,
+                    dst,
+                    bits,
+                    buf,
+                } => match core.send(now, dst, bits, buf, req.0) {
+                    Ok(id) => {
+                        ids[req.index()] = Some((req, id));
+                        outstanding += 1;
+                    }
+                    Err(r) => backlog.push_back(Event::Done {
+                        req,
+                        c: Completed {
+                            buf: Buf::Send(r.buf),
+                            result: Err(Error::Send(r.error)),
+                        },
+                    }),
+                },
+                Cmd::Recv {
+                    req,
+                    src,
+                    bits,
+                    mask,
+                    buf,
+                } => match core.post_recv(now, src, bits, mask, buf, req.0) {
+                    Ok(id) => {
+                        ids[req.index()] = Some((req, id));
+                        outstanding += 1;
+                    }
+                    Err(r) => backlog.push_back(Event::Done {
+                        req,
+                        c: Completed {
+                            buf: Buf::Recv(r.buf),
+                            result: Err(Error::Recv(r.error)),
+                        },
+                    }),
+                },
+                Cmd::Cancel { req } => {
+                    if let Some((r, id)) = ids[req.index()] {
+                        if r == req {
+                            let _ = core.cancel(id);
+                        }
+                    }
+                }
+                Cmd::Probe { src, bits, mask } => {
+                    backlog.push_back(Event::Probe(core.probe(src, bits, mask)))
+                }
+                Cmd::AddPeer { addr, mac } => {
+                    let r = core
+                        .add_peer(addr, MacAddr(mac))
+                        .map(|_| ())
+                        .map_err(Error::Peer);
+                    backlog.push_back(Event::AddPeer(r));
+                }
+                Cmd::Stats { addr } => {
+                    let st = core.peer_id(addr).and_then(|p| core.peer_stats(p).copied());
+                    backlog.push_back(Event::Stats(st, driver.io_stats()));
+                }
+            }
+        }
+        let p = driver.progress(now, &mut |c| {
+            let (req, c) = completed(c);
+            if let Some(slot) = ids.get_mut(req.index()) {
+                *slot = None;
+            }
+            outstanding = outstanding.saturating_sub(1);
+            backlog.push_back(Event::Done { req, c });
+        });
+        let mut delivered = false;
+        while let Some(e) = backlog.pop_front() {
+            if let Err(e) = shared.events.push(e) {
+                backlog.push_front(e);
+                break;
+            }
+            delivered = true;
+        }
+        if delivered && shared.waiting.load(Ordering::Acquire) {
+            if let Some(t) = shared
+                .waiter
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
+                t.unpark();
+            }
+        }
+        if shared.state.load(Ordering::Acquire) != RUNNING {
+            let until = shared
+                .drain_until
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(Instant::now);
+            if outstanding == 0 || Instant::now() >= until {
+                // What is left fails; the application learns it through the ring.
+                for (req, _) in ids.iter().flatten() {
+                    backlog.push_back(Event::Done {
+                        req: *req,
+                        c: Completed {
+                            buf: Buf::None,
+                            result: Err(Error::ShutDown),
+                        },
+                    });
+                }
+                while let Some(e) = backlog.pop_front() {
+                    if shared.events.push(e).is_err() {
+                        break;
+                    }
+                }
+                if let Some(t) = shared
+                    .waiter
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                {
+                    t.unpark();
+                }
+                return;
+            }
+        }
+        if work == 0 && p.idle() && !delivered {
+            backoff.snooze();
+        } else {
+            backoff.reset();
+        }
+    }
+}
+
+enum Mode {
+    Inline(Box<dyn Drive>),
+    Thread,
+}
+
+/// Where an application sends and receives. Not `Sync`: one thread at a time
+/// uses it (move it to another thread freely).
+pub struct Endpoint {
+    shared: Arc<Shared>,
+    mode: Mode,
+    requests: Requests,
+    /// A control reply that arrived while another was awaited.
+    reply: Option<Event>,
+    clock: Clock,
+    local: Addr,
+}
+
+/// A refused request: why, and the buffer back.
+#[derive(Debug)]
+pub struct Refused<B> {
+    /// Why it was refused.
+    pub error: Error,
+    /// The buffer, handed back.
+    pub buf: B,
+}
+
+impl<B> std::fmt::Display for Refused<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<B: std::fmt::Debug> std::error::Error for Refused<B> {}
+
+impl Endpoint {
+    /// This endpoint's address.
+    pub fn local(&self) -> Addr {
+        self.local
+    }
+
+    fn running(&self) -> bool {
+        self.shared.state.load(Ordering::Acquire) == RUNNING
+    }
+
+    /// Starts sending `buf` to `dst` with `match_bits`. Registered buffers
+    /// ([`SendBuf::Registered`]) go out without a copy; ordinary ones are
+    /// copied into frames. The buffer comes back at completion, which happens
+    /// once the receiver acknowledged every byte.
+    pub fn isend(
+        &mut self,
+        dst: Addr,
+        match_bits: u64,
+        buf: impl Into<SendBuf>,
+    ) -> Result<Request, Refused<SendBuf>> {
+        self.submit(
+            buf.into(),
+            |core, now, buf, ctx| {
+                core.send(now, dst, match_bits, buf, ctx)
+                    .map_err(|r| (Error::Send(r.error), r.buf))
+            },
+            |req, buf| Cmd::Send {
+                req,
+                dst,
+                bits: match_bits,
+                buf,
+            },
+            |cmd| match cmd {
+                Cmd::Send { buf, .. } => buf,
+                _ => unreachable!("the command pushed is the one handed back"),
+            },
+        )
+    }
+
+    /// Posts a receive for a message from `src` (any source when `None`) whose
+    /// match bits equal `match_bits` where `mask` has ones. A longer message
+    /// is truncated to the buffer (the completion says so and gives the real
+    /// length). Received bytes are copied into the buffer.
+    pub fn irecv(
+        &mut self,
+        src: Option<Addr>,
+        match_bits: u64,
+        mask: u64,
+        buf: impl Into<RecvBuf>,
+    ) -> Result<Request, Refused<RecvBuf>> {
+        let mut buf = buf.into();
+        if !buf.writable() {
+            return Err(Refused {
+                error: Error::BufferBusy,
+                buf,
+            });
+        }
+        self.submit(
+            buf,
+            |core, now, buf, ctx| {
+                core.post_recv(now, src, match_bits, mask, buf, ctx)
+                    .map_err(|r| (Error::Recv(r.error), r.buf))
+            },
+            |req, buf| Cmd::Recv {
+                req,
+                src,
+                bits: match_bits,
+                mask,
+                buf,
+            },
+            |cmd| match cmd {
+                Cmd::Recv { buf, .. } => buf,
+                _ => unreachable!("the command pushed is the one handed back"),
+            },
+        )
+    }
+
+    /// Takes a request slot and hands `buf` on: to the core at once (inline)
+    /// or to the polling thread through the submission ring. On refusal the
+    /// slot is given back and the buffer returned.
+    fn submit<B>(
+        &mut self,
+        buf: B,
+        to_core: impl FnOnce(
+            &mut Core<SendBuf, RecvBuf>,
+            crate::proto::Time,
+            B,
+            u64,
+        ) -> Result<crate::proto::RequestId, (Error, B)>,
+        to_cmd: impl FnOnce(Request, B) -> Cmd,
+        from_cmd: impl FnOnce(Cmd) -> B,
+    ) -> Result<Request, Refused<B>> {
+        if !self.running() {
+            return Err(Refused {
+                error: Error::ShutDown,
+                buf,
+            });
+        }
+        let Some(req) = self.requests.alloc() else {
+            return Err(Refused {
+                error: Error::TooManyRequests,
+                buf,
+            });
+        };
+        let taken = match &mut self.mode {
+            Mode::Inline(d) => to_core(d.core(), self.clock.now(), buf, req.0).map(Some),
+            Mode::Thread => self
+                .shared
+                .cmds
+                .push(to_cmd(req, buf))
+                .map(|()| None)
+                .map_err(|c| (Error::WouldBlock, from_cmd(c))),
+        };
+        match taken {
+            Ok(core_id) => {
+                if let Some(id) = core_id {
+                    self.requests.set_core(req, id);
+                }
+                Ok(req)
+            }
+            Err((error, buf)) => {
+                self.requests.release(req);
+                Err(Refused { error, buf })
+            }
+        }
+    }
+
+    /// Makes progress once (inline) or takes what the polling thread
+    /// finished; returns whether anything happened.
+    pub fn progress(&mut self) -> bool {
+        match &mut self.mode {
+            Mode::Inline(d) => {
+                let requests = &mut self.requests;
+                !d.progress(self.clock.now(), &mut |c| {
+                    let (req, c) = completed(c);
+                    requests.complete(req, c);
+                })
+                .idle()
+            }
+            Mode::Thread => {
+                let mut any = false;
+                while let Some(e) = self.shared.events.pop() {
+                    any = true;
+                    match e {
+                        Event::Done { req, c } => self.requests.complete(req, c),
+                        other => self.reply = Some(other),
+                    }
+                }
+                any
+            }
+        }
+    }
+
+    /// The request's completion if it finished (taking it: the handle is
+    /// spent), `None` if not yet.
+    pub fn test(&mut self, req: Request) -> Result<Option<Completed>, Error> {
+        if !self.requests.is_done(req)? {
+            self.progress();
+        }
+        self.requests.take(req)
+    }
+
+    /// Waits for the request to finish (spinning on progress, then parking
+    /// when a polling thread does the work).
+    pub fn wait(&mut self, req: Request) -> Result<Completed, Error> {
+        self.wait_any(std::slice::from_ref(&req)).map(|(_, c)| c)
+    }
+
+    /// Waits until one of `reqs` finishes; returns its index and completion.
+    pub fn wait_any(&mut self, reqs: &[Request]) -> Result<(usize, Completed), Error> {
+        let mut spins = 0u32;
+        loop {
+            for (i, r) in reqs.iter().enumerate() {
+                if self.requests.is_done(*r)? {
+                    return Ok((i, self.requests.take(*r)?.expect("done")));
+                }
+            }
+            if self.progress() {
+                spins = 0;
+                continue;
+            }
+            self.idle(&mut spins);
+        }
+    }
+
+    fn idle(&mut self, spins: &mut u32) {
+        *spins += 1;
+        match self.mode {
+            Mode::Inline(_) => std::hint::spin_loop(),
+            Mode::Thread if *spins < 2000 => std::hint::spin_loop(),
+            Mode::Thread => {
+                *self.shared.waiter.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(std::thread::current());
+                self.shared.waiting.store(true, Ordering::Release);
+                if self.shared.events.is_empty()
+                    && self.shared.state.load(Ordering::Acquire) != STOPPED
+                {
+                    std::thread::park_timeout(Duration::from_millis(1));
+                }
+                self.shared.waiting.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Sends and waits for completion; the buffer comes back.
+    pub fn send(
+        &mut self,
+        dst: Addr,
+        match_bits: u64,
+        buf: impl Into<SendBuf>,
+    ) -> Result<SendBuf, Error> {
+        let req = self.isend(dst, match_bits, buf).map_err(|r| r.error)?;
+        self.wait(req)?.into_send()
+    }
+
+    /// Receives and waits for completion.
+    pub fn recv(
+        &mut self,
+        src: Option<Addr>,
+        match_bits: u64,
+        mask: u64,
+        buf: impl Into<RecvBuf>,
+    ) -> Result<(RecvBuf, crate::proto::RecvInfo), Error> {
+        let req = self
+            .irecv(src, match_bits, mask, buf)
+            .map_err(|r| r.error)?;
+        self.wait(req)?.into_recv()
+    }
+
+    /// Cancels a posted receive that has not matched yet; it completes with
+    /// `Cancelled`. Returns whether it could still be cancelled (inline) or
+    /// the request was handed on (polling thread).
+    pub fn cancel(&mut self, req: Request) -> Result<bool, Error> {
+        self.requests.is_done(req)?;
+        match &mut self.mode {
+            Mode::Inline(d) => {
+                let Some(id) = self.requests.core_id(req) else {
+                    return Ok(false);
+                };
+                Ok(d.core().cancel(id))
+            }
+            Mode::Thread => self
+                .shared
+                .cmds
+                .push(Cmd::Cancel { req })
+                .map(|()| true)
+                .map_err(|_| Error::WouldBlock),
+        }
+    }
+
+    fn control(&mut self, cmd: Cmd) -> Result<Event, Error> {
+        self.shared.cmds.push(cmd).map_err(|_| Error::WouldBlock)?;
+        let mut spins = 0;
+        loop {
+            self.progress();
+            if let Some(e) = self.reply.take() {
+                return Ok(e);
+            }
+            if self.shared.state.load(Ordering::Acquire) == STOPPED {
+                return Err(Error::ShutDown);
+            }
+            self.idle(&mut spins);
+        }
+    }
+
+    /// The envelope of the first unexpected message that a receive with these
+    /// arguments would match, without receiving it.
+    pub fn probe(
+        &mut self,
+        src: Option<Addr>,
+        match_bits: u64,
+        mask: u64,
+    ) -> Result<Option<ProbeInfo>, Error> {
+        match &mut self.mode {
+            Mode::Inline(d) => {
+                let now = self.clock.now();
+                let requests = &mut self.requests;
+                d.progress(now, &mut |c| {
+                    let (req, c) = completed(c);
+                    requests.complete(req, c);
+                });
+                Ok(d.core().probe(src, match_bits, mask))
+            }
+            Mode::Thread => match self.control(Cmd::Probe {
+                src,
+                bits: match_bits,
+                mask,
+            })? {
+                Event::Probe(p) => Ok(p),
+                _ => Err(Error::WrongKind),
+            },
+        }
+    }
+
+    /// Adds a peer (its address and MAC).
+    pub fn add_peer(&mut self, addr: Addr, mac: [u8; 6]) -> Result<(), Error> {
+        match &mut self.mode {
+            Mode::Inline(d) => d
+                .core()
+                .add_peer(addr, MacAddr(mac))
+                .map(|_| ())
+                .map_err(Error::Peer),
+            Mode::Thread => match self.control(Cmd::AddPeer { addr, mac })? {
+                Event::AddPeer(r) => r,
+                _ => Err(Error::WrongKind),
+            },
+        }
+    }
+
+    /// The protocol counters of one peer, and the link's counters.
+    pub fn stats(&mut self, peer: Addr) -> Result<(Option<PeerStats>, IoStats), Error> {
+        match &mut self.mode {
+            Mode::Inline(d) => {
+                let core = d.core();
+                let st = core.peer_id(peer).and_then(|p| core.peer_stats(p).copied());
+                Ok((st, d.io_stats()))
+            }
+            Mode::Thread => match self.control(Cmd::Stats { addr: peer })? {
+                Event::Stats(s, io) => Ok((s, io)),
+                _ => Err(Error::WrongKind),
+            },
+        }
+    }
+
+    /// Closes the endpoint: no new requests, outstanding ones get until
+    /// `deadline` to finish, the rest complete with [`Error::ShutDown`]. In
+    /// inline mode this drives the draining itself and then closes the link.
+    pub fn close(mut self, deadline: Duration) -> ShutdownReport {
+        let pending: Vec<Request> = self.requests.pending().collect();
+        let until = Instant::now() + deadline;
+        let mut report = ShutdownReport::default();
+        if let Mode::Thread = self.mode {
+            *self
+                .shared
+                .drain_until
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(until);
+        }
+        self.shared
+            .state
+            .compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire)
+            .ok();
+        let mut spins = 0;
+        while Instant::now() < until && self.requests.pending().next().is_some() {
+            if !self.progress() {
+                self.idle(&mut spins);
+            }
+        }
+        for r in pending {
+            match self.requests.take(r) {
+                Ok(Some(_)) => report.drained += 1,
+                _ => report.aborted += 1,
+            }
+        }
+        report
+    }
+}

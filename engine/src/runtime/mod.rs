@@ -1,0 +1,79 @@
+//! The runtime: the protocol core driven over a packet I/O link, by a polling
+//! thread or inline by an application thread, behind the [`Engine`] and
+//! [`Endpoint`] API.
+//!
+//! - [`buffer`]: the send and receive buffers handed to the core (registered
+//!   memory for zero-copy sends, ordinary memory copied).
+//! - [`driver`]: one core joined to one link, one burst at a time.
+//! - [`engine`]: the engine, its endpoint, the rings between them, the
+//!   polling thread.
+//! - [`node`]: an engine started from one configuration value (EAL, port,
+//!   engine).
+
+pub mod buffer;
+pub mod driver;
+pub mod engine;
+pub mod node;
+mod request;
+
+pub use buffer::{RecvBuf, SendBuf};
+pub use driver::{Clock, Driver, Progress, RuntimeCore, BURST};
+pub use engine::{
+    parse_mac, Endpoint, Engine, EngineConfig, PeerConfig, ProgressMode, ProtocolConfig, Refused,
+    ShutdownReport,
+};
+pub use node::{
+    register_memory, start_node, start_node_on, EalConfig, Hugepages, LinkConfig, Node, NodeConfig,
+};
+pub use request::{Buf, Completed, Request};
+
+use crate::proto::{ConfigError, PeerError, RecvError, RequestError, SendError};
+
+/// What went wrong in the runtime.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The submission ring is full: try again after taking completions.
+    #[error("would block: the submission ring is full; take completions and retry")]
+    WouldBlock,
+    /// The engine is shutting down or stopped.
+    #[error("the engine is shut down")]
+    ShutDown,
+    /// The handle names no outstanding request (never issued, or its
+    /// completion was already taken).
+    #[error("unknown request handle (never issued, or already completed and taken)")]
+    UnknownRequest,
+    /// As many requests are outstanding as the tables hold (max_sends + max_recvs).
+    #[error("too many outstanding requests; wait for some to complete")]
+    TooManyRequests,
+    /// A registered receive buffer that frames still refer to.
+    #[error("the registered receive buffer is still referenced by frames in flight")]
+    BufferBusy,
+    /// The endpoint was already handed out.
+    #[error("the engine's endpoint was already handed out")]
+    EndpointTaken,
+    /// A completion of another kind than asked for (a send taken as a receive).
+    #[error("the completion is of another kind (a send taken as a receive or the reverse)")]
+    WrongKind,
+    /// The core refused the send.
+    #[error("send refused: {0}")]
+    Send(SendError),
+    /// The core refused the receive.
+    #[error("receive refused: {0}")]
+    Recv(RecvError),
+    /// The request failed (peer unreachable or restarted, or cancelled).
+    #[error("request failed: {0}")]
+    Request(RequestError),
+    /// The protocol configuration cannot work.
+    #[error("bad protocol configuration: {0}")]
+    Config(ConfigError),
+    /// A peer could not be added.
+    #[error("cannot add peer: {0}")]
+    Peer(PeerError),
+    /// The link failed.
+    #[error(transparent)]
+    Io(#[from] crate::io::IoError),
+    /// The polling thread could not start or died.
+    #[error("polling thread: {0}")]
+    Thread(String),
+}

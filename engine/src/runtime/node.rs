@@ -1,0 +1,171 @@
+//! Starting an engine from one configuration value: the EAL, the DPDK port
+//! the link runs on, and the engine. Deserializable, so a file can hold it
+//! (the cluster file format builds on this).
+
+use std::time::Duration;
+
+use dpdk_ffi::{Eal, HugepageMode, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
+use serde::Deserialize;
+
+use super::engine::{Engine, EngineConfig};
+use super::Error;
+use crate::io::DpdkIo;
+
+/// Hugepage choice, as a configuration file spells it.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Hugepages {
+    /// Hugepages when enough are free, ordinary pages otherwise.
+    #[default]
+    Auto,
+    /// Hugepages or an error saying how to reserve them.
+    Require,
+    /// Ordinary pages (`--no-huge`).
+    Never,
+}
+
+/// How the EAL starts.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EalConfig {
+    /// Hugepages or not (default auto).
+    #[serde(default)]
+    pub hugepages: Hugepages,
+    /// Memory in MiB (default 512).
+    #[serde(default = "default_memory")]
+    pub memory_mb: u32,
+    /// Further EAL arguments, passed as they are.
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+fn default_memory() -> u32 {
+    512
+}
+
+impl Default for EalConfig {
+    fn default() -> Self {
+        EalConfig {
+            hugepages: Hugepages::Auto,
+            memory_mb: default_memory(),
+            args: Vec::new(),
+        }
+    }
+}
+
+impl EalConfig {
+    /// Starts the EAL (once per process).
+    pub fn start(&self) -> Result<Eal, Error> {
+        let mode = match self.hugepages {
+            Hugepages::Auto => HugepageMode::Auto,
+            Hugepages::Require => HugepageMode::Require,
+            Hugepages::Never => HugepageMode::Never,
+        };
+        let mut b = Eal::builder().hugepages(mode).memory_mb(self.memory_mb);
+        for a in &self.args {
+            b = b.arg(a.clone());
+        }
+        b.init().map_err(|e| Error::Io(e.into()))
+    }
+}
+
+/// The DPDK port a link runs on.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LinkConfig {
+    /// Device arguments: a vdev (`net_memif0,role=server,socket=/run/emx.sock`,
+    /// `net_af_packet0,iface=eth0`, ...) or a PCI address (`0000:03:00.0`).
+    pub devargs: String,
+    /// MTU (default: the driver's).
+    #[serde(default)]
+    pub mtu: Option<u16>,
+    /// Mbufs in the port's pool (default 16383).
+    #[serde(default = "default_mbufs")]
+    pub mbufs: u32,
+    /// How long to wait for the link to come up, in milliseconds (default 10000).
+    #[serde(default = "default_link_wait")]
+    pub link_wait_ms: u64,
+}
+
+fn default_mbufs() -> u32 {
+    16383
+}
+
+fn default_link_wait() -> u64 {
+    10_000
+}
+
+/// Everything one node needs: EAL, link, engine.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// EAL settings.
+    #[serde(default)]
+    pub eal: EalConfig,
+    /// The port.
+    pub link: LinkConfig,
+    /// The engine.
+    pub engine: EngineConfig,
+}
+
+/// A node started from a [`NodeConfig`]: the engine, and the DPDK objects it
+/// runs on (kept so that they close in order when the node is dropped).
+pub struct Node {
+    /// The engine.
+    pub engine: Engine,
+    /// The port.
+    pub port: Port,
+    /// The port's mbuf pool.
+    pub pool: Mempool,
+    /// The EAL.
+    pub eal: Eal,
+}
+
+/// Registers `len` bytes of memory for zero-copy sends: hugepages when there
+/// are free ones, ordinary pages otherwise, with a warning (ordinary pages are
+/// slower for the NIC to reach and need locking). Carve message buffers out of
+/// it with [`ExtMem::alloc`](dpdk_ffi::ExtMem::alloc).
+pub fn register_memory(eal: &Eal, len: usize) -> Result<dpdk_ffi::ExtMem, Error> {
+    let region = dpdk_ffi::ExtMem::new(eal, len).map_err(|e| Error::Io(e.into()))?;
+    if !region.is_hugepages() {
+        tracing::warn!(
+            bytes = region.len(),
+            "registered memory is on ordinary pages: no free hugepages (reserve them with scripts/setup.sh)"
+        );
+    }
+    Ok(region)
+}
+
+/// Starts the EAL, brings up the port, waits for its link and starts the
+/// engine on it.
+pub fn start_node(cfg: &NodeConfig) -> Result<Node, Error> {
+    let eal = cfg.eal.start()?;
+    start_node_on(&eal, &cfg.link, &cfg.engine)
+}
+
+/// Like [`start_node`] in a process whose EAL already runs (several nodes in
+/// one process, as tests and the benchmark do).
+pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Result<Node, Error> {
+    let dpdk = |e: dpdk_ffi::Error| Error::Io(e.into());
+    let name = format!("emx{}-{}", engine.node, engine.endpoint);
+    let room = match link.mtu {
+        Some(mtu) if usize::from(mtu) + 18 + 128 > usize::from(DEFAULT_DATA_ROOM) => mtu + 18 + 128,
+        _ => DEFAULT_DATA_ROOM,
+    };
+    let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(dpdk)?;
+    let pcfg = PortConfig {
+        mtu: link.mtu,
+        ..PortConfig::default()
+    };
+    let port = Port::from_devargs(eal, &link.devargs, &pcfg, &pool).map_err(dpdk)?;
+    port.wait_link(Duration::from_millis(link.link_wait_ms))
+        .map_err(dpdk)?;
+    let io = DpdkIo::new(&port, 0, &pool)?;
+    let engine = Engine::start(engine, io)?;
+    Ok(Node {
+        engine,
+        port,
+        pool,
+        eal: eal.clone(),
+    })
+}

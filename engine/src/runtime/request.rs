@@ -1,0 +1,175 @@
+//! Application-side request table: a request handle is a plain id (slot
+//! index and generation) into a table sized once at start, so submitting and
+//! completing allocate nothing and a stale handle is detected, not misread.
+
+use crate::proto::{RecvInfo, RequestId};
+
+use super::buffer::{RecvBuf, SendBuf};
+use super::Error;
+
+/// Handle of a send or receive: a plain id, valid until its completion is
+/// taken with `test`, `wait` or `wait_any`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Request(pub(crate) u64);
+
+impl Request {
+    pub(crate) fn new(index: u32, gen: u32) -> Request {
+        Request(u64::from(gen) << 32 | u64::from(index))
+    }
+    pub(crate) fn index(self) -> usize {
+        (self.0 & 0xffff_ffff) as usize
+    }
+    pub(crate) fn gen(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+/// The buffer a request carried, handed back at completion.
+#[derive(Debug)]
+pub enum Buf {
+    /// A send's buffer.
+    Send(SendBuf),
+    /// A receive's buffer.
+    Recv(RecvBuf),
+    /// Lost: the engine shut down with the request outstanding.
+    None,
+}
+
+/// A finished request: its buffer, and what happened.
+#[derive(Debug)]
+pub struct Completed {
+    /// The buffer, handed back.
+    pub buf: Buf,
+    /// `Ok(None)` for a send, `Ok(Some(info))` for a receive, or the error.
+    pub result: Result<Option<RecvInfo>, Error>,
+}
+
+impl Completed {
+    /// A finished receive: the buffer and what arrived, or the error.
+    pub fn into_recv(self) -> Result<(RecvBuf, RecvInfo), Error> {
+        match (self.buf, self.result) {
+            (Buf::Recv(b), Ok(Some(info))) => Ok((b, info)),
+            (_, Err(e)) => Err(e),
+            _ => Err(Error::WrongKind),
+        }
+    }
+
+    /// A finished send: the buffer back, or the error.
+    pub fn into_send(self) -> Result<SendBuf, Error> {
+        match (self.buf, self.result) {
+            (Buf::Send(b), Ok(None)) => Ok(b),
+            (_, Err(e)) => Err(e),
+            _ => Err(Error::WrongKind),
+        }
+    }
+}
+
+enum State {
+    Free,
+    Pending,
+    Done(Completed),
+}
+
+struct Slot {
+    gen: u32,
+    state: State,
+    /// The core's id for it, once the core took it (for cancel).
+    core: Option<RequestId>,
+}
+
+pub(crate) struct Requests {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+}
+
+impl Requests {
+    pub(crate) fn new(n: usize) -> Requests {
+        Requests {
+            slots: (0..n)
+                .map(|_| Slot {
+                    gen: 1,
+                    state: State::Free,
+                    core: None,
+                })
+                .collect(),
+            free: (0..n as u32).rev().collect(),
+        }
+    }
+
+    pub(crate) fn alloc(&mut self) -> Option<Request> {
+        let i = self.free.pop()?;
+        let s = &mut self.slots[i as usize];
+        s.state = State::Pending;
+        s.core = None;
+        Some(Request::new(i, s.gen))
+    }
+
+    /// Gives an allocated, never-submitted slot back.
+    pub(crate) fn release(&mut self, r: Request) {
+        if let Some(s) = self.slot_mut(r) {
+            s.state = State::Free;
+            s.gen = s.gen.wrapping_add(1).max(1);
+            self.free.push(r.index() as u32);
+        }
+    }
+
+    fn slot_mut(&mut self, r: Request) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(r.index())
+            .filter(|s| s.gen == r.gen() && !matches!(s.state, State::Free))
+    }
+
+    pub(crate) fn set_core(&mut self, r: Request, id: RequestId) {
+        if let Some(s) = self.slot_mut(r) {
+            s.core = Some(id);
+        }
+    }
+
+    pub(crate) fn core_id(&self, r: Request) -> Option<RequestId> {
+        self.slots
+            .get(r.index())
+            .filter(|s| s.gen == r.gen())
+            .and_then(|s| s.core)
+    }
+
+    /// Records a completion for the request `r` (as carried in the core's ctx).
+    pub(crate) fn complete(&mut self, r: Request, c: Completed) {
+        if let Some(s) = self.slot_mut(r) {
+            s.state = State::Done(c);
+        }
+    }
+
+    pub(crate) fn is_done(&self, r: Request) -> Result<bool, Error> {
+        match self.slots.get(r.index()) {
+            Some(s) if s.gen == r.gen() => match s.state {
+                State::Free => Err(Error::UnknownRequest),
+                State::Pending => Ok(false),
+                State::Done(_) => Ok(true),
+            },
+            _ => Err(Error::UnknownRequest),
+        }
+    }
+
+    /// Takes the completion out (freeing the slot) if there is one.
+    pub(crate) fn take(&mut self, r: Request) -> Result<Option<Completed>, Error> {
+        if !self.is_done(r)? {
+            return Ok(None);
+        }
+        let s = &mut self.slots[r.index()];
+        let State::Done(c) = std::mem::replace(&mut s.state, State::Free) else {
+            unreachable!("checked done")
+        };
+        s.gen = s.gen.wrapping_add(1).max(1);
+        self.free.push(r.index() as u32);
+        Ok(Some(c))
+    }
+
+    /// Every request still pending.
+    pub(crate) fn pending(&self) -> impl Iterator<Item = Request> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s.state, State::Pending))
+            .map(|(i, s)| Request::new(i as u32, s.gen))
+    }
+}

@@ -1,0 +1,273 @@
+//! The Engine/Endpoint API over the in-memory link: inline and polling-thread
+//! progress, probe and cancel, a full ring, a peer that disappears, shutdown
+//! with sends in flight.
+#![cfg(feature = "runtime")]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use emx::io::{Mac, MemIo, MemNetwork, PacketIo};
+use emx::proto::{Addr, RequestError};
+use emx::runtime::{
+    Engine, EngineConfig, Error, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf,
+};
+
+fn cfg(node: u16, peer: (u16, Mac), progress: ProgressMode) -> EngineConfig {
+    EngineConfig {
+        progress,
+        peers: vec![PeerConfig {
+            node: peer.0,
+            endpoint: 0,
+            mac: peer.1,
+        }],
+        protocol: ProtocolConfig {
+            peer_timeout_us: Some(200_000),
+            keepalive_us: Some(20_000),
+            ..Default::default()
+        },
+        ..EngineConfig::new(node)
+    }
+}
+
+fn thread_mode() -> ProgressMode {
+    ProgressMode::Thread {
+        core: None,
+        spin: false,
+    }
+}
+
+fn data(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (j ^ (i * 13)) as u8).collect()
+}
+
+/// a sends to b; each engine's endpoint lives on its own thread.
+fn exchange(mode: ProgressMode) {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut ea = Engine::start(&cfg(1, (2, mb), mode.clone()), ia).unwrap();
+    let mut eb = Engine::start(&cfg(2, (1, ma), mode), ib).unwrap();
+    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    assert!(matches!(ea.endpoint(), Err(Error::EndpointTaken)));
+    let sizes = [0usize, 7, 1500, 40_000, 1 << 20];
+    let receiver = std::thread::spawn(move || {
+        // Any-source receives, matched on the low 8 bits only.
+        let reqs: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| b.irecv(None, i as u64, 0xff, vec![0u8; len]).unwrap())
+            .collect();
+        let mut left = reqs.clone();
+        while !left.is_empty() {
+            let (k, c) = b.wait_any(&left).unwrap();
+            let (buf, info) = c.into_recv().unwrap();
+            let i = info.match_bits as usize & 0xff;
+            assert_eq!(info.src, Addr::new(1, 0));
+            assert!(buf.as_ref() == data(i, sizes[i]).as_slice(), "message {i}");
+            left.remove(k);
+        }
+        b
+    });
+    let reqs: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            a.isend(Addr::new(2, 0), 0x100 | i as u64, data(i, len))
+                .unwrap()
+        })
+        .collect();
+    for r in reqs {
+        a.wait(r).unwrap().into_send().unwrap();
+    }
+    let b = receiver.join().unwrap();
+    let (peer, iostats) = a.stats(Addr::new(2, 0)).unwrap();
+    assert!(peer.unwrap().frames_sent > 0 && iostats.tx_frames > 0);
+    drop((a, b, ea, eb));
+}
+
+#[test]
+fn inline_exchange() {
+    exchange(ProgressMode::Inline);
+}
+
+#[test]
+fn polling_thread_exchange() {
+    exchange(thread_mode());
+}
+
+#[test]
+fn probe_cancel_and_stale_handles() {
+    for mode in [ProgressMode::Inline, thread_mode()] {
+        let (ia, ib) = MemNetwork::pair(1500);
+        let (ma, mb) = (ia.mac(), ib.mac());
+        let mut ea = Engine::start(&cfg(1, (2, mb), mode.clone()), ia).unwrap();
+        let mut eb = Engine::start(&cfg(2, (1, ma), mode.clone()), ib).unwrap();
+        let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+        let s = a.isend(Addr::new(2, 0), 42, vec![9u8; 100]).unwrap();
+        // Unexpected at b until a receive is posted: probe sees it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let found = loop {
+            a.progress();
+            if let Some(p) = b.probe(Some(Addr::new(1, 0)), 42, u64::MAX).unwrap() {
+                break p;
+            }
+            assert!(Instant::now() < deadline, "probe never saw the message");
+        };
+        assert_eq!((found.match_bits, found.len), (42, 100));
+        // A receive for something else can be cancelled.
+        let r = b.irecv(None, 7, u64::MAX, vec![0u8; 10]).unwrap();
+        assert!(b.cancel(r).unwrap());
+        let c = b.wait(r).unwrap();
+        assert!(
+            matches!(c.result, Err(Error::Request(RequestError::Cancelled))),
+            "{:?}",
+            c.result
+        );
+        assert!(
+            matches!(b.test(r), Err(Error::UnknownRequest)),
+            "a taken handle is stale"
+        );
+        let (buf, info) = b.recv(None, 42, u64::MAX, vec![0u8; 64]).unwrap();
+        assert!(
+            info.truncated && info.msg_len == 100 && info.copied == 64,
+            "{info:?}"
+        );
+        assert_eq!(buf.as_ref(), &[9u8; 64][..]);
+        // An inline engine acknowledges only while driven: drive b too.
+        let done = loop {
+            if let Some(c) = a.test(s).unwrap() {
+                break c;
+            }
+            b.progress();
+        };
+        done.into_send().unwrap();
+    }
+}
+
+/// A link whose receive blocks while the test holds the gate: it stalls the
+/// polling thread so that the submission ring fills deterministically.
+struct Gated {
+    inner: MemIo,
+    gate: Arc<Mutex<()>>,
+}
+
+impl PacketIo for Gated {
+    type Frame = <MemIo as PacketIo>::Frame;
+    fn recv(&mut self, out: &mut Vec<Self::Frame>, max: usize) -> usize {
+        let _g = self.gate.lock().unwrap();
+        self.inner.recv(out, max)
+    }
+    fn send(&mut self, f: &mut Vec<Self::Frame>) -> usize {
+        self.inner.send(f)
+    }
+    emx::delegate_packet_io!();
+}
+
+#[test]
+fn full_ring_would_block_and_nothing_is_lost() {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    let mut c = cfg(1, (2, mb), thread_mode());
+    c.ring = 32;
+    let mut ea = Engine::start(
+        &c,
+        Gated {
+            inner: ia,
+            gate: gate.clone(),
+        },
+    )
+    .unwrap();
+    let mut eb = Engine::start(&cfg(2, (1, ma), thread_mode()), ib).unwrap();
+    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    // The polling thread is stuck in recv: at most one round of commands was
+    // taken before it blocked, then the ring (32) fills.
+    let mut reqs = Vec::new();
+    let refused = loop {
+        match a.isend(
+            Addr::new(2, 0),
+            reqs.len() as u64,
+            vec![reqs.len() as u8; 10],
+        ) {
+            Ok(r) => reqs.push(r),
+            Err(r) => break r,
+        }
+        assert!(reqs.len() <= 64, "the ring never filled");
+    };
+    assert!(matches!(refused.error, Error::WouldBlock));
+    assert_eq!(
+        refused.buf.as_ref(),
+        &[reqs.len() as u8; 10][..],
+        "the buffer comes back"
+    );
+    drop(held);
+    let recvs: Vec<_> = (0..reqs.len())
+        .map(|i| b.irecv(None, i as u64, u64::MAX, vec![0u8; 10]).unwrap())
+        .collect();
+    for r in reqs {
+        a.wait(r).unwrap().into_send().unwrap();
+    }
+    for (i, r) in recvs.into_iter().enumerate() {
+        let (buf, _) = b.wait(r).unwrap().into_recv().unwrap();
+        assert_eq!(buf.as_ref(), &[i as u8; 10][..]);
+    }
+}
+
+#[test]
+fn vanished_peer_fails_requests_within_the_deadline() {
+    for mode in [ProgressMode::Inline, thread_mode()] {
+        let (ia, ib) = MemNetwork::pair(1500);
+        let mb = ib.mac();
+        let mut ea = Engine::start(&cfg(1, (2, mb), mode), ia).unwrap();
+        let mut a = ea.endpoint().unwrap();
+        drop(ib); // nobody will ever answer
+        let t0 = Instant::now();
+        let s = a.isend(Addr::new(2, 0), 1, vec![1u8; 100_000]).unwrap();
+        let r = a
+            .irecv(Some(Addr::new(2, 0)), 1, u64::MAX, vec![0u8; 10])
+            .unwrap();
+        let c = a.wait(s).unwrap();
+        assert!(
+            matches!(c.result, Err(Error::Request(RequestError::PeerUnreachable))),
+            "{:?}",
+            c.result
+        );
+        let c = a.wait(r).unwrap();
+        assert!(
+            matches!(c.result, Err(Error::Request(RequestError::PeerUnreachable))),
+            "{:?}",
+            c.result
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "declared unreachable near the 200 ms deadline: {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
+#[test]
+fn shutdown_with_sends_in_flight() {
+    for mode in [ProgressMode::Inline, thread_mode()] {
+        let (ia, ib) = MemNetwork::pair(1500);
+        let mb = ib.mac();
+        let mut c = cfg(1, (2, mb), mode.clone());
+        c.protocol.peer_timeout_us = Some(60_000_000);
+        let mut ea = Engine::start(&c, ia).unwrap();
+        let mut a = ea.endpoint().unwrap();
+        let _s = a.isend(Addr::new(2, 0), 1, vec![1u8; 1 << 20]).unwrap();
+        let t0 = Instant::now();
+        let report = a.close(Duration::from_millis(100));
+        assert!(t0.elapsed() < Duration::from_secs(2), "no hang");
+        assert_eq!((report.drained, report.aborted), (0, 1), "{mode:?}");
+        ea.shutdown(Duration::from_millis(10)).unwrap();
+        drop(ib);
+    }
+    // New work after shutdown is refused with the buffer back.
+    let (ia, _ib) = MemNetwork::pair(1500);
+    let mut ea = Engine::start(&cfg(1, (2, [2, 0, 0, 0, 0, 2]), thread_mode()), ia).unwrap();
+    let mut a = ea.endpoint().unwrap();
+    ea.shutdown(Duration::ZERO).unwrap();
+    let r = a.irecv(None, 0, 0, RecvBuf::Owned(vec![0; 3])).unwrap_err();
+    assert!(matches!(r.error, Error::ShutDown));
+}

@@ -1,0 +1,180 @@
+//! The driver joins the protocol core to a link: two drivers progressed
+//! inline by one thread exchange eager and rendezvous messages byte-exact,
+//! over a clean in-memory link and a lossy, reordering one.
+#![cfg(feature = "runtime")]
+
+use std::time::{Duration, Instant};
+
+use emx::io::{FaultConfig, Faulty, MemNetwork, PacketIo};
+use emx::proto::{Addr, Completion, Core, CoreConfig, MacAddr, Time};
+use emx::runtime::{Clock, Driver, RecvBuf, SendBuf};
+
+fn driver<L: PacketIo>(io: L, node: u16, peer: (u16, [u8; 6]), clock: &Clock) -> Driver<L> {
+    let mut core = Core::new(
+        CoreConfig::default(),
+        Addr::new(node, 0),
+        MacAddr(io.mac()),
+        1,
+        clock.now(),
+    )
+    .unwrap();
+    core.add_peer(Addr::new(peer.0, 0), MacAddr(peer.1))
+        .unwrap();
+    Driver::new(core, io)
+}
+
+fn message(i: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j.wrapping_mul(31) ^ i.wrapping_mul(7)) as u8)
+        .collect()
+}
+
+/// Sends every size from a to b (receives posted half before, half after the
+/// sends), progresses both until all complete, checks every byte.
+fn exchange<L: PacketIo>(a: &mut Driver<L>, b: &mut Driver<L>, sizes: &[usize], clock: &Clock) {
+    let (to_b, from_a) = (Addr::new(2, 0), Addr::new(1, 0));
+    let post = |b: &mut Driver<L>, i: usize, len: usize| {
+        b.core()
+            .post_recv(
+                clock.now(),
+                Some(from_a),
+                i as u64,
+                u64::MAX,
+                RecvBuf::Owned(vec![0; len]),
+                i as u64,
+            )
+            .unwrap();
+    };
+    for (i, &len) in sizes.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        post(b, i, len);
+    }
+    for (i, &len) in sizes.iter().enumerate() {
+        a.core()
+            .send(
+                clock.now(),
+                to_b,
+                i as u64,
+                SendBuf::Owned(message(i, len)),
+                i as u64,
+            )
+            .unwrap();
+    }
+    for (i, &len) in sizes.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+        post(b, i, len);
+    }
+    let (mut sends, mut recvs) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sends < sizes.len() || recvs < sizes.len() {
+        assert!(
+            Instant::now() < deadline,
+            "stalled: {sends} sends and {recvs} receives done of {}",
+            sizes.len()
+        );
+        a.progress(clock.now(), |c| match c {
+            Completion::Send(s) => {
+                s.result.expect("send succeeds");
+                sends += 1;
+            }
+            Completion::Recv(_) => panic!("a posted no receive"),
+        });
+        b.progress(clock.now(), |c| match c {
+            Completion::Recv(r) => {
+                let info = r.result.expect("receive succeeds");
+                let i = r.ctx as usize;
+                assert_eq!(info.msg_len as usize, sizes[i]);
+                assert!(!info.truncated);
+                assert!(
+                    r.buf.as_ref() == message(i, sizes[i]).as_slice(),
+                    "message {i} differs"
+                );
+                recvs += 1;
+            }
+            Completion::Send(_) => panic!("b sent nothing"),
+        });
+    }
+}
+
+const SIZES: &[usize] = &[
+    0,
+    1,
+    64,
+    1400,
+    1500,
+    5000,
+    32 << 10,
+    (32 << 10) + 1,
+    100_000,
+    1 << 20,
+    3 << 20,
+];
+
+#[test]
+fn clean_link_eager_and_rendezvous() {
+    let clock = Clock::new();
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut a = driver(ia, 1, (2, mb), &clock);
+    let mut b = driver(ib, 2, (1, ma), &clock);
+    exchange(&mut a, &mut b, SIZES, &clock);
+    let st = a.io_stats();
+    assert!(
+        st.tx_frames > 0 && st.payload_attached == 0,
+        "ordinary memory is copied: {st:?}"
+    );
+    assert_eq!(a.build_failures(), 0);
+}
+
+#[test]
+fn lossy_reordering_link_delivers_exactly_once() {
+    let clock = Clock::new();
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let faults = FaultConfig {
+        drop: 0.10,
+        reorder: 0.10,
+        reorder_window: Duration::from_micros(200),
+        duplicate: 0.02,
+        ..FaultConfig::default()
+    };
+    let (fa, fb) = (Faulty::new(ia, faults, 1), Faulty::new(ib, faults, 2));
+    let mut a = driver(fa, 1, (2, mb), &clock);
+    let mut b = driver(fb, 2, (1, ma), &clock);
+    exchange(&mut a, &mut b, SIZES, &clock);
+    let dropped = a.io().fault_stats().dropped + b.io().fault_stats().dropped;
+    assert!(dropped > 100, "the link really was lossy: {dropped} drops");
+    let core = a.core_ref();
+    let retrans = core
+        .peer_stats(core.peer_id(Addr::new(2, 0)).unwrap())
+        .unwrap()
+        .retransmits;
+    assert!(retrans > 0, "losses were repaired by retransmission");
+}
+
+#[test]
+fn idle_drivers_make_no_progress() {
+    let clock = Clock::new();
+    let (ia, ib) = MemNetwork::pair(1500);
+    let mb = ib.mac();
+    let mut a = driver(ia, 1, (2, mb), &clock);
+    let p = a.progress(Time::ZERO, |_| panic!("no completion"));
+    assert!(p.received == 0 && p.completed == 0);
+}
+
+#[test]
+fn clock_tracks_the_system_clock() {
+    let clock = Clock::new();
+    let (t0, s0) = (clock.now(), std::time::Instant::now());
+    std::thread::sleep(Duration::from_millis(50));
+    let (dt, ds) = (clock.now() - t0, s0.elapsed());
+    let err = dt.as_secs_f64() / ds.as_secs_f64();
+    assert!(
+        (0.98..1.02).contains(&err),
+        "clock rate off by {err}: {dt:?} vs {ds:?}"
+    );
+    let mut last = clock.now();
+    for _ in 0..10_000 {
+        let t = clock.now();
+        assert!(t >= last, "monotonic");
+        last = t;
+    }
+}
