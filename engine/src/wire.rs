@@ -449,6 +449,23 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
     }
 }
 
+/// Reads the destination node and endpoint of a frame without parsing it, for a
+/// demultiplexer that hands each frame to the core owning that endpoint.
+///
+/// Checks only that `frame` holds a whole Ethernet + emx header ([`FRAME_HEADER_LEN`]
+/// bytes) and that its EtherType is `ethertype`; `None` otherwise. Nothing else is
+/// validated (version, checksum, lengths): the owning core's [`Header::parse`] still
+/// judges the frame, so a peek is only a routing hint and costs a few loads.
+#[inline]
+pub fn peek_dst(frame: &[u8], ethertype: u16) -> Option<(u16, u8)> {
+    // One length check up front lets the compiler drop the bounds checks below.
+    let b = frame.get(..FRAME_HEADER_LEN)?;
+    if be16(b, field::ETHERTYPE) != ethertype {
+        return None;
+    }
+    Some((be16(b, field::DST_NODE), b[field::DST_EP]))
+}
+
 /// The typed emx header (the part after Ethernet, plus both MAC addresses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
@@ -719,6 +736,46 @@ mod tests {
             Header::parse(&f, DEFAULT_ETHERTYPE, true),
             Err(DropReason::Checksum)
         );
+    }
+
+    #[test]
+    fn peek_dst_reads_an_emitted_header() {
+        let mut h = sample();
+        h.dst_node = 0xBEEF;
+        h.dst_ep = 0xA5;
+        h.src_node = 0x1234;
+        h.src_ep = 0x5A;
+        let v = build(&h, b"hello");
+        assert_eq!(peek_dst(&v, DEFAULT_ETHERTYPE), Some((0xBEEF, 0xA5)));
+        // A bare header (a control frame) is long enough.
+        assert_eq!(
+            peek_dst(&v[..FRAME_HEADER_LEN], DEFAULT_ETHERTYPE),
+            Some((0xBEEF, 0xA5))
+        );
+        // The peek agrees with the full parse.
+        let f = Frame::new_checked(&v[..]).unwrap();
+        let p = Header::parse(&f, DEFAULT_ETHERTYPE, true).unwrap();
+        assert_eq!(
+            peek_dst(&v, DEFAULT_ETHERTYPE),
+            Some((p.dst_node, p.dst_ep))
+        );
+    }
+
+    #[test]
+    fn peek_dst_refuses_short_frames_and_other_ethertypes() {
+        let v = build(&sample(), b"hello");
+        for n in 0..FRAME_HEADER_LEN {
+            assert_eq!(peek_dst(&v[..n], DEFAULT_ETHERTYPE), None, "length {n}");
+        }
+        assert_eq!(peek_dst(&v, 0x0800), None);
+        let mut w = v.clone();
+        w[12] ^= 0x01;
+        assert_eq!(peek_dst(&w, DEFAULT_ETHERTYPE), None);
+        // A configured EtherType other than the default is honoured.
+        let mut x = vec![0u8; FRAME_HEADER_LEN];
+        sample().emit(&mut x, 0x88B6);
+        assert_eq!(peek_dst(&x, 0x88B6), Some((1, 0)));
+        assert_eq!(peek_dst(&x, DEFAULT_ETHERTYPE), None);
     }
 
     #[test]

@@ -271,3 +271,98 @@ fn shutdown_with_sends_in_flight() {
     let r = a.irecv(None, 0, 0, RecvBuf::Owned(vec![0; 3])).unwrap_err();
     assert!(matches!(r.error, Error::ShutDown));
 }
+
+/// Several endpoints on one engine: one polling thread drives them all, each
+/// has its own rings, and frames reach the endpoint they are addressed to.
+#[test]
+fn several_endpoints_per_engine() {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let peers = |node, mac, eps: &[u8]| {
+        eps.iter()
+            .map(|&endpoint| PeerConfig {
+                node,
+                endpoint,
+                mac,
+            })
+            .collect::<Vec<_>>()
+    };
+    let ca = EngineConfig {
+        endpoints: vec![0, 1, 7],
+        progress: thread_mode(),
+        peers: peers(2, mb, &[0, 1]),
+        ..EngineConfig::new(1)
+    };
+    let cb = EngineConfig {
+        endpoints: vec![0, 1],
+        progress: thread_mode(),
+        peers: peers(1, ma, &[0, 1, 7]),
+        ..EngineConfig::new(2)
+    };
+    let mut ea = Engine::start(&ca, ia).unwrap();
+    let mut eb = Engine::start(&cb, ib).unwrap();
+    assert_eq!(ea.locals().len(), 3);
+    assert!(matches!(ea.endpoint_id(9), Err(Error::Setup(_))));
+    let (a0, a1, a7) = (
+        ea.endpoint_id(0).unwrap(),
+        ea.endpoint_id(1).unwrap(),
+        ea.endpoint_id(7).unwrap(),
+    );
+    assert!(matches!(ea.endpoint_id(7), Err(Error::EndpointTaken)));
+    let (mut b0, mut b1) = (eb.endpoint_id(0).unwrap(), eb.endpoint_id(1).unwrap());
+    assert_eq!(b1.local(), Addr::new(2, 1));
+
+    // b1 takes from anyone (a0 and a1 both send to it); b0 only from a7.
+    let r1 = std::thread::spawn(move || {
+        let mut from = Vec::new();
+        for _ in 0..2 {
+            let (buf, info) = b1.recv(None, 5, u64::MAX, vec![0u8; 64]).unwrap();
+            assert_eq!(
+                buf.as_ref()[..info.copied as usize],
+                [info.src.endpoint; 10][..]
+            );
+            from.push(info.src);
+        }
+        from.sort();
+        from
+    });
+    let r0 = std::thread::spawn(move || {
+        b0.recv(Some(Addr::new(1, 7)), 5, u64::MAX, vec![0u8; 40_000])
+            .unwrap()
+            .1
+    });
+    let t = |mut ep: emx::runtime::Endpoint, dst: Addr, len: usize| {
+        std::thread::spawn(move || {
+            let me = ep.local().endpoint;
+            ep.send(dst, 5, vec![me; len]).unwrap();
+            ep
+        })
+    };
+    let (s0, s1, s7) = (
+        t(a0, Addr::new(2, 1), 10),
+        t(a1, Addr::new(2, 1), 10),
+        t(a7, Addr::new(2, 0), 40_000),
+    );
+    assert_eq!(r1.join().unwrap(), vec![Addr::new(1, 0), Addr::new(1, 1)]);
+    let info = r0.join().unwrap();
+    assert_eq!(
+        (info.src, info.msg_len),
+        (Addr::new(1, 7), 40_000),
+        "rendezvous to the right endpoint"
+    );
+    for h in [s0, s1, s7] {
+        drop(h.join().unwrap());
+    }
+
+    // An inline engine has one endpoint: more is refused, saying why.
+    let (ic, _id) = MemNetwork::pair(1500);
+    let bad = EngineConfig {
+        endpoints: vec![0, 1],
+        ..EngineConfig::new(3)
+    };
+    let err = Engine::start(&bad, ic).err().expect("refused");
+    assert!(
+        matches!(&err, Error::Setup(m) if m.contains("thread")),
+        "{err}"
+    );
+}

@@ -105,13 +105,21 @@ impl Progress {
     }
 }
 
-/// One core and one link.
+/// Protocol cores (one per endpoint) and the one link they share.
+///
+/// Received frames go to the core of their destination endpoint, found with
+/// [`peek_dst`] (a few loads; the core still validates the whole frame);
+/// frames for no local endpoint go to the first core, which counts and drops
+/// them. Cores take turns building frames.
 pub struct Driver<L: PacketIo> {
-    core: RuntimeCore,
+    cores: Vec<RuntimeCore>,
+    /// Endpoint id -> index in `cores` (`NO_CORE` where none).
+    route: [u8; 256],
+    ethertype: u16,
     io: L,
     rx: Vec<L::Frame>,
     tx: Vec<L::Frame>,
-    /// An allocated frame the core had nothing to put in, kept for next time.
+    /// An allocated frame the cores had nothing to put in, kept for next time.
     spare: Option<L::Frame>,
     /// For frames that arrive in several segments (jumbo frames on small mbufs).
     linear: Vec<u8>,
@@ -119,11 +127,41 @@ pub struct Driver<L: PacketIo> {
     build_failures: u64,
 }
 
+const NO_CORE: u8 = u8::MAX;
+
 impl<L: PacketIo> Driver<L> {
     /// Joins `core` to `io`.
     pub fn new(core: RuntimeCore, io: L) -> Driver<L> {
+        Self::with_cores(vec![core], io)
+    }
+
+    /// Joins several cores (one per local endpoint, each with its own
+    /// endpoint id and at most 255 of them) to one link.
+    ///
+    /// # Panics
+    /// When `cores` is empty, holds more than 255 cores, or two cores share an
+    /// endpoint id: a configuration the engine refuses before it gets here.
+    pub fn with_cores(cores: Vec<RuntimeCore>, io: L) -> Driver<L> {
+        assert!(
+            !cores.is_empty() && cores.len() < usize::from(NO_CORE),
+            "1 to 254 cores"
+        );
+        let mut route = [NO_CORE; 256];
+        for (i, c) in cores.iter().enumerate() {
+            let slot = &mut route[usize::from(c.local().endpoint)];
+            assert_eq!(
+                *slot,
+                NO_CORE,
+                "two cores with endpoint {}",
+                c.local().endpoint
+            );
+            *slot = i as u8;
+        }
+        let ethertype = cores[0].config().ethertype;
         Driver {
-            core,
+            cores,
+            route,
+            ethertype,
             io,
             rx: Vec::with_capacity(BURST),
             tx: Vec::with_capacity(TX_BACKLOG + BURST),
@@ -133,14 +171,24 @@ impl<L: PacketIo> Driver<L> {
         }
     }
 
-    /// The core, to submit requests and read statistics.
+    /// The first core, to submit requests and read statistics.
     pub fn core(&mut self) -> &mut RuntimeCore {
-        &mut self.core
+        &mut self.cores[0]
     }
 
-    /// The core, read-only.
+    /// The first core, read-only.
     pub fn core_ref(&self) -> &RuntimeCore {
-        &self.core
+        &self.cores[0]
+    }
+
+    /// Core `i` (in the order given to [`Driver::with_cores`]).
+    pub fn core_at(&mut self, i: usize) -> Option<&mut RuntimeCore> {
+        self.cores.get_mut(i)
+    }
+
+    /// How many cores (local endpoints) the driver holds.
+    pub fn cores(&self) -> usize {
+        self.cores.len()
     }
 
     /// The link.
@@ -171,71 +219,101 @@ impl<L: PacketIo> Driver<L> {
         now: Time,
         mut on_completion: impl FnMut(Completion<SendBuf, RecvBuf>),
     ) -> Progress {
-        // In: a burst from the link into the core. Bad frames are counted by
-        // the core and dropped; there is nothing more to do about them here.
+        self.progress_all(now, |_, c| on_completion(c))
+    }
+
+    /// One round of work at time `now`; completions go to `on_completion`
+    /// with the index of the core (endpoint) they belong to.
+    #[inline]
+    pub fn progress_all(
+        &mut self,
+        now: Time,
+        mut on_completion: impl FnMut(usize, Completion<SendBuf, RecvBuf>),
+    ) -> Progress {
+        // In: a burst from the link into the cores. Bad frames are counted by
+        // a core and dropped; there is nothing more to do about them here.
         let mut p = Progress {
             received: self.io.recv(&mut self.rx, BURST),
             ..Progress::default()
         };
         for f in self.rx.drain(..) {
-            let _ = match f.contiguous() {
-                Some(bytes) => self.core.handle_frame(now, bytes),
+            let bytes = match f.contiguous() {
+                Some(bytes) => bytes,
                 None => {
                     f.copy_to(&mut self.linear);
-                    self.core.handle_frame(now, &self.linear)
+                    &self.linear
                 }
             };
-        }
-
-        if self.core.poll_timeout().is_some_and(|t| t <= now) {
-            self.core.handle_timeout(now);
-        }
-
-        // Out: build frames in place until the core has none or the backlog
-        // for a full link is reached.
-        while self.tx.len() < TX_BACKLOG {
-            let mut f = match self.spare.take() {
-                Some(f) => f,
-                None => match self.io.alloc() {
-                    Ok(f) => f,
-                    Err(_) => break,
-                },
-            };
-            let Ok(hdr) = self.io.put(&mut f, FRAME_HEADER_LEN) else {
-                self.build_failures += 1;
-                break;
-            };
-            let Some(t) = self.core.poll_transmit(now, hdr) else {
-                self.io.truncate(&mut f, 0);
-                self.spare = Some(f);
-                break;
-            };
-            self.io.truncate(&mut f, t.header_len);
-            if let Some(pr) = t.payload {
-                let buf = self
-                    .core
-                    .send_buffer(pr.req)
-                    .expect("the core keeps a send's buffer while frames refer to it");
-                if self
-                    .io
-                    .attach(&mut f, buf.payload(pr.offset as usize, pr.len as usize))
-                    .is_err()
-                {
-                    // Treated as lost on the wire: the core retransmits it.
-                    self.build_failures += 1;
-                    continue;
+            let i = match wire_peek(bytes, self.ethertype) {
+                Some(ep) if self.route[usize::from(ep)] != NO_CORE => {
+                    usize::from(self.route[usize::from(ep)])
                 }
+                _ => 0,
+            };
+            let _ = self.cores[i].handle_frame(now, bytes);
+        }
+
+        for core in &mut self.cores {
+            if core.poll_timeout().is_some_and(|t| t <= now) {
+                core.handle_timeout(now);
             }
-            self.tx.push(f);
+        }
+
+        // Out: build frames in place, core by core, until none has more or the
+        // backlog for a full link is reached.
+        'cores: for i in 0..self.cores.len() {
+            while self.tx.len() < TX_BACKLOG {
+                let mut f = match self.spare.take() {
+                    Some(f) => f,
+                    None => match self.io.alloc() {
+                        Ok(f) => f,
+                        Err(_) => break 'cores,
+                    },
+                };
+                let Ok(hdr) = self.io.put(&mut f, FRAME_HEADER_LEN) else {
+                    self.build_failures += 1;
+                    break 'cores;
+                };
+                let core = &mut self.cores[i];
+                let Some(t) = core.poll_transmit(now, hdr) else {
+                    self.io.truncate(&mut f, 0);
+                    self.spare = Some(f);
+                    break;
+                };
+                self.io.truncate(&mut f, t.header_len);
+                if let Some(pr) = t.payload {
+                    let buf = core
+                        .send_buffer(pr.req)
+                        .expect("the core keeps a send's buffer while frames refer to it");
+                    if self
+                        .io
+                        .attach(&mut f, buf.payload(pr.offset as usize, pr.len as usize))
+                        .is_err()
+                    {
+                        // Treated as lost on the wire: the core retransmits it.
+                        self.build_failures += 1;
+                        continue;
+                    }
+                }
+                self.tx.push(f);
+            }
         }
         if !self.tx.is_empty() {
             p.sent = self.io.send(&mut self.tx);
         }
 
-        while let Some(c) = self.core.poll_completion() {
-            p.completed += 1;
-            on_completion(c);
+        for (i, core) in self.cores.iter_mut().enumerate() {
+            while let Some(c) = core.poll_completion() {
+                p.completed += 1;
+                on_completion(i, c);
+            }
         }
         p
     }
+}
+
+/// The destination endpoint of a frame, if it looks like an emx frame.
+#[inline]
+fn wire_peek(frame: &[u8], ethertype: u16) -> Option<u8> {
+    crate::wire::peek_dst(frame, ethertype).map(|(_, ep)| ep)
 }

@@ -177,9 +177,10 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
 pub struct EngineConfig {
     /// This node's number.
     pub node: u16,
-    /// This endpoint's number on the node (default 0).
-    #[serde(default)]
-    pub endpoint: u8,
+    /// This node's endpoints (default `[0]`). Several need a polling thread:
+    /// one thread drives them all, and each gets its own rings.
+    #[serde(default = "default_endpoints")]
+    pub endpoints: Vec<u8>,
     /// Session epoch; a fresh one per start when unset (a restarted node must
     /// come back with a new epoch).
     #[serde(default)]
@@ -202,12 +203,16 @@ fn default_ring() -> usize {
     1024
 }
 
+fn default_endpoints() -> Vec<u8> {
+    vec![0]
+}
+
 impl EngineConfig {
     /// A configuration with defaults for node `node`.
     pub fn new(node: u16) -> EngineConfig {
         EngineConfig {
             node,
-            endpoint: 0,
+            endpoints: default_endpoints(),
             epoch: None,
             progress: ProgressMode::Inline,
             protocol: ProtocolConfig::default(),
@@ -222,9 +227,9 @@ trait Drive: Send {
     fn progress(
         &mut self,
         now: crate::proto::Time,
-        sink: &mut dyn FnMut(Completion<SendBuf, RecvBuf>),
+        sink: &mut dyn FnMut(usize, Completion<SendBuf, RecvBuf>),
     ) -> Progress;
-    fn core(&mut self) -> &mut Core<SendBuf, RecvBuf>;
+    fn core(&mut self, i: usize) -> &mut Core<SendBuf, RecvBuf>;
     fn io_stats(&self) -> IoStats;
     fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, crate::io::IoError>;
 }
@@ -236,12 +241,13 @@ where
     fn progress(
         &mut self,
         now: crate::proto::Time,
-        sink: &mut dyn FnMut(Completion<SendBuf, RecvBuf>),
+        sink: &mut dyn FnMut(usize, Completion<SendBuf, RecvBuf>),
     ) -> Progress {
-        Driver::progress(self, now, sink)
+        Driver::progress_all(self, now, sink)
     }
-    fn core(&mut self) -> &mut Core<SendBuf, RecvBuf> {
-        Driver::core(self)
+    fn core(&mut self, i: usize) -> &mut Core<SendBuf, RecvBuf> {
+        self.core_at(i)
+            .expect("endpoint index within the driver's cores")
     }
     fn io_stats(&self) -> IoStats {
         Driver::io_stats(self)
@@ -293,14 +299,44 @@ const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
 const STOPPED: u8 = 2;
 
-struct Shared {
+/// What one endpoint shares with the polling thread.
+struct EpShared {
     cmds: ArrayQueue<Cmd>,
     events: ArrayQueue<Event>,
+    waiting: AtomicBool,
+    waiter: Mutex<Option<Thread>>,
+}
+
+impl EpShared {
+    fn new(ring: usize) -> EpShared {
+        EpShared {
+            cmds: ArrayQueue::new(ring),
+            events: ArrayQueue::new(ring),
+            waiting: AtomicBool::new(false),
+            waiter: Mutex::new(None),
+        }
+    }
+
+    /// Wakes the endpoint's thread if it parked waiting for events.
+    fn wake(&self, always: bool) {
+        if always || self.waiting.load(Ordering::Acquire) {
+            if let Some(t) = self
+                .waiter
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
+                t.unpark();
+            }
+        }
+    }
+}
+
+struct Shared {
+    eps: Vec<EpShared>,
     state: AtomicU8,
     /// Until when a stopping engine keeps driving outstanding sends.
     drain_until: Mutex<Option<Instant>>,
-    waiting: AtomicBool,
-    waiter: Mutex<Option<Thread>>,
 }
 
 fn completed(c: Completion<SendBuf, RecvBuf>) -> (Request, Completed) {
@@ -338,8 +374,9 @@ pub struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     inline: Option<Box<dyn Drive>>,
-    endpoint_taken: bool,
-    local: Addr,
+    /// Local endpoints, in the order of the driver's cores.
+    locals: Vec<Addr>,
+    taken: Vec<bool>,
     max_requests: usize,
     clock: Clock,
 }
@@ -352,32 +389,53 @@ impl Engine {
         L::Frame: Send,
     {
         let clock = Clock::new();
+        let eps = &cfg.endpoints;
+        let unique = eps.iter().collect::<std::collections::BTreeSet<_>>().len() == eps.len();
+        if eps.is_empty() || eps.len() > 64 || !unique {
+            return Err(Error::Setup(format!(
+                "endpoints {eps:?}: give 1 to 64 distinct endpoint numbers"
+            )));
+        }
+        if eps.len() > 1 && cfg.progress == ProgressMode::Inline {
+            return Err(Error::Setup(format!(
+                "{} endpoints need progress mode \"thread\": an inline engine is driven by one \
+                 application thread, so it has one endpoint",
+                eps.len()
+            )));
+        }
         let core_cfg = cfg.protocol.core_config(io.max_frame() - 14);
         let epoch = cfg.epoch.unwrap_or_else(fresh_epoch);
-        let local = Addr::new(cfg.node, cfg.endpoint);
         let max_requests = core_cfg.max_sends + core_cfg.max_recvs;
-        let mut core = Core::new(core_cfg, local, MacAddr(io.mac()), epoch, clock.now())
+        let locals: Vec<Addr> = eps.iter().map(|&e| Addr::new(cfg.node, e)).collect();
+        let mut cores = Vec::with_capacity(eps.len());
+        for &local in &locals {
+            let mut core = Core::new(
+                core_cfg.clone(),
+                local,
+                MacAddr(io.mac()),
+                epoch,
+                clock.now(),
+            )
             .map_err(Error::Config)?;
-        for p in &cfg.peers {
-            core.add_peer(Addr::new(p.node, p.endpoint), MacAddr(p.mac))
-                .map_err(Error::Peer)?;
+            for p in &cfg.peers {
+                core.add_peer(Addr::new(p.node, p.endpoint), MacAddr(p.mac))
+                    .map_err(Error::Peer)?;
+            }
+            cores.push(core);
         }
         let ring = cfg.ring.max(BURST);
         let shared = Arc::new(Shared {
-            cmds: ArrayQueue::new(ring),
-            events: ArrayQueue::new(ring),
+            eps: (0..eps.len()).map(|_| EpShared::new(ring)).collect(),
             state: AtomicU8::new(RUNNING),
             drain_until: Mutex::new(None),
-            waiting: AtomicBool::new(false),
-            waiter: Mutex::new(None),
         });
-        let driver: Box<dyn Drive> = Box::new(Driver::new(core, io));
+        let driver: Box<dyn Drive> = Box::new(Driver::with_cores(cores, io));
         let mut engine = Engine {
             shared,
             thread: None,
             inline: None,
-            endpoint_taken: false,
-            local,
+            taken: vec![false; locals.len()],
+            locals,
             max_requests,
             clock,
         };
@@ -401,14 +459,30 @@ impl Engine {
         Ok(engine)
     }
 
-    /// This engine's address.
+    /// The address of this engine's first endpoint.
     pub fn local(&self) -> Addr {
-        self.local
+        self.locals[0]
     }
 
-    /// The endpoint, handed out once.
+    /// The addresses of all its endpoints.
+    pub fn locals(&self) -> &[Addr] {
+        &self.locals
+    }
+
+    /// The first endpoint (the only one, usually), handed out once.
     pub fn endpoint(&mut self) -> Result<Endpoint, Error> {
-        if std::mem::replace(&mut self.endpoint_taken, true) {
+        self.endpoint_id(self.locals[0].endpoint)
+    }
+
+    /// Endpoint number `id` of this node, handed out once.
+    pub fn endpoint_id(&mut self, id: u8) -> Result<Endpoint, Error> {
+        let Some(ep) = self.locals.iter().position(|a| a.endpoint == id) else {
+            return Err(Error::Setup(format!(
+                "this engine has no endpoint {id} (it has {:?})",
+                self.locals
+            )));
+        };
+        if std::mem::replace(&mut self.taken[ep], true) {
             return Err(Error::EndpointTaken);
         }
         let mode = match self.inline.take() {
@@ -417,11 +491,12 @@ impl Engine {
         };
         Ok(Endpoint {
             shared: self.shared.clone(),
+            ep,
             mode,
             requests: Requests::new(self.max_requests),
             reply: None,
             clock: self.clock,
-            local: self.local,
+            local: self.locals[ep],
         })
     }
 
@@ -528,106 +603,114 @@ fn poll_thread(
         }
     };
     let _ = ready.send(Ok(()));
-    tracing::debug!(?core, spin, "polling thread started");
-    // The core's id of each request, by request slot, for cancel.
-    let mut ids: Vec<Option<(Request, crate::proto::RequestId)>> = vec![None; max_requests];
-    // Events the ring had no room for: bounded by the requests outstanding
-    // (each completes once) plus one reply per control command.
-    let mut backlog: VecDeque<Event> = VecDeque::with_capacity(BURST);
+    tracing::debug!(
+        ?core,
+        spin,
+        endpoints = shared.eps.len(),
+        "polling thread started"
+    );
+    let n_eps = shared.eps.len();
+    // Per endpoint: the core's id of each request, by request slot (for
+    // cancel), and the events its ring had no room for (bounded by the
+    // requests outstanding, each completing once, plus one reply per control
+    // command).
+    let mut ids: Vec<Vec<Option<(Request, crate::proto::RequestId)>>> =
+        vec![vec![None; max_requests]; n_eps];
+    let mut backlog: Vec<VecDeque<Event>> =
+        (0..n_eps).map(|_| VecDeque::with_capacity(BURST)).collect();
     let mut backoff = Backoff::new(spin);
     let mut outstanding = 0usize;
     loop {
         let now = clock.now();
         let mut work = 0;
-        for _ in 0..BURST {
-            let Some(cmd) = shared.cmds.pop() else { break };
-            work += 1;
-            let core = driver.core();
-            match cmd {
-                Cmd::Send {
-                    req,
-                    dst,
-                    bits,
-                    buf,
-                } => match core.send(now, dst, bits, buf, req.0) {
-                    Ok(id) => {
-                        ids[req.index()] = Some((req, id));
-                        outstanding += 1;
-                    }
-                    Err(r) => backlog.push_back(Event::Done {
+        for (ep, eps) in shared.eps.iter().enumerate() {
+            for _ in 0..BURST {
+                let Some(cmd) = eps.cmds.pop() else { break };
+                work += 1;
+                let core = driver.core(ep);
+                match cmd {
+                    Cmd::Send {
                         req,
-                        c: Completed {
-                            buf: Buf::Send(r.buf),
-                            result: Err(Error::Send(r.error)),
-                        },
-                    }),
-                },
-                Cmd::Recv {
-                    req,
-                    src,
-                    bits,
-                    mask,
-                    buf,
-                } => match core.post_recv(now, src, bits, mask, buf, req.0) {
-                    Ok(id) => {
-                        ids[req.index()] = Some((req, id));
-                        outstanding += 1;
-                    }
-                    Err(r) => backlog.push_back(Event::Done {
+                        dst,
+                        bits,
+                        buf,
+                    } => match core.send(now, dst, bits, buf, req.0) {
+                        Ok(id) => {
+                            ids[ep][req.index()] = Some((req, id));
+                            outstanding += 1;
+                        }
+                        Err(r) => backlog[ep].push_back(Event::Done {
+                            req,
+                            c: Completed {
+                                buf: Buf::Send(r.buf),
+                                result: Err(Error::Send(r.error)),
+                            },
+                        }),
+                    },
+                    Cmd::Recv {
                         req,
-                        c: Completed {
-                            buf: Buf::Recv(r.buf),
-                            result: Err(Error::Recv(r.error)),
-                        },
-                    }),
-                },
-                Cmd::Cancel { req } => {
-                    if let Some((r, id)) = ids[req.index()] {
-                        if r == req {
-                            let _ = core.cancel(id);
+                        src,
+                        bits,
+                        mask,
+                        buf,
+                    } => match core.post_recv(now, src, bits, mask, buf, req.0) {
+                        Ok(id) => {
+                            ids[ep][req.index()] = Some((req, id));
+                            outstanding += 1;
+                        }
+                        Err(r) => backlog[ep].push_back(Event::Done {
+                            req,
+                            c: Completed {
+                                buf: Buf::Recv(r.buf),
+                                result: Err(Error::Recv(r.error)),
+                            },
+                        }),
+                    },
+                    Cmd::Cancel { req } => {
+                        if let Some((r, id)) = ids[ep][req.index()] {
+                            if r == req {
+                                let _ = core.cancel(id);
+                            }
                         }
                     }
-                }
-                Cmd::Probe { src, bits, mask } => {
-                    backlog.push_back(Event::Probe(core.probe(src, bits, mask)))
-                }
-                Cmd::AddPeer { addr, mac } => {
-                    let r = core
-                        .add_peer(addr, MacAddr(mac))
-                        .map(|_| ())
-                        .map_err(Error::Peer);
-                    backlog.push_back(Event::AddPeer(r));
-                }
-                Cmd::Stats { addr } => {
-                    let st = core.peer_id(addr).and_then(|p| core.peer_stats(p).copied());
-                    backlog.push_back(Event::Stats(st, driver.io_stats()));
+                    Cmd::Probe { src, bits, mask } => {
+                        backlog[ep].push_back(Event::Probe(core.probe(src, bits, mask)))
+                    }
+                    Cmd::AddPeer { addr, mac } => {
+                        let r = core
+                            .add_peer(addr, MacAddr(mac))
+                            .map(|_| ())
+                            .map_err(Error::Peer);
+                        backlog[ep].push_back(Event::AddPeer(r));
+                    }
+                    Cmd::Stats { addr } => {
+                        let st = core.peer_id(addr).and_then(|p| core.peer_stats(p).copied());
+                        backlog[ep].push_back(Event::Stats(st, driver.io_stats()));
+                    }
                 }
             }
         }
-        let p = driver.progress(now, &mut |c| {
+        let p = driver.progress(now, &mut |ep, c| {
             let (req, c) = completed(c);
-            if let Some(slot) = ids.get_mut(req.index()) {
+            if let Some(slot) = ids[ep].get_mut(req.index()) {
                 *slot = None;
             }
             outstanding = outstanding.saturating_sub(1);
-            backlog.push_back(Event::Done { req, c });
+            backlog[ep].push_back(Event::Done { req, c });
         });
         let mut delivered = false;
-        while let Some(e) = backlog.pop_front() {
-            if let Err(e) = shared.events.push(e) {
-                backlog.push_front(e);
-                break;
+        for (ep, eps) in shared.eps.iter().enumerate() {
+            let mut any = false;
+            while let Some(e) = backlog[ep].pop_front() {
+                if let Err(e) = eps.events.push(e) {
+                    backlog[ep].push_front(e);
+                    break;
+                }
+                any = true;
             }
-            delivered = true;
-        }
-        if delivered && shared.waiting.load(Ordering::Acquire) {
-            if let Some(t) = shared
-                .waiter
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-            {
-                t.unpark();
+            if any {
+                eps.wake(false);
+                delivered = true;
             }
         }
         if shared.state.load(Ordering::Acquire) != RUNNING {
@@ -637,29 +720,27 @@ fn poll_thread(
                 .unwrap_or_else(|e| e.into_inner())
                 .unwrap_or_else(Instant::now);
             if outstanding == 0 || Instant::now() >= until {
-                // What is left fails; the application learns it through the ring.
-                for (req, _) in ids.iter().flatten() {
-                    backlog.push_back(Event::Done {
-                        req: *req,
-                        c: Completed {
-                            buf: Buf::None,
-                            result: Err(Error::ShutDown),
-                        },
-                    });
-                }
-                while let Some(e) = backlog.pop_front() {
-                    if shared.events.push(e).is_err() {
-                        break;
+                // What is left fails; each application learns it through its ring.
+                let mut aborted = 0;
+                for (ep, eps) in shared.eps.iter().enumerate() {
+                    for (req, _) in ids[ep].iter().flatten() {
+                        aborted += 1;
+                        backlog[ep].push_back(Event::Done {
+                            req: *req,
+                            c: Completed {
+                                buf: Buf::None,
+                                result: Err(Error::ShutDown),
+                            },
+                        });
                     }
+                    while let Some(e) = backlog[ep].pop_front() {
+                        if eps.events.push(e).is_err() {
+                            break;
+                        }
+                    }
+                    eps.wake(true);
                 }
-                if let Some(t) = shared
-                    .waiter
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .as_ref()
-                {
-                    t.unpark();
-                }
+                tracing::debug!(aborted, "polling thread stopped");
                 return;
             }
         }
@@ -680,6 +761,8 @@ enum Mode {
 /// uses it (move it to another thread freely).
 pub struct Endpoint {
     shared: Arc<Shared>,
+    /// This endpoint's index among the engine's (its rings in `shared.eps`).
+    ep: usize,
     mode: Mode,
     requests: Requests,
     /// A control reply that arrived while another was awaited.
@@ -810,9 +893,8 @@ impl Endpoint {
             });
         };
         let taken = match &mut self.mode {
-            Mode::Inline(d) => to_core(d.core(), self.clock.now(), buf, req.0).map(Some),
-            Mode::Thread => self
-                .shared
+            Mode::Inline(d) => to_core(d.core(0), self.clock.now(), buf, req.0).map(Some),
+            Mode::Thread => self.shared.eps[self.ep]
                 .cmds
                 .push(to_cmd(req, buf))
                 .map(|()| None)
@@ -838,7 +920,7 @@ impl Endpoint {
         match &mut self.mode {
             Mode::Inline(d) => {
                 let requests = &mut self.requests;
-                !d.progress(self.clock.now(), &mut |c| {
+                !d.progress(self.clock.now(), &mut |_, c| {
                     let (req, c) = completed(c);
                     requests.complete(req, c);
                 })
@@ -846,7 +928,7 @@ impl Endpoint {
             }
             Mode::Thread => {
                 let mut any = false;
-                while let Some(e) = self.shared.events.pop() {
+                while let Some(e) = self.shared.eps[self.ep].events.pop() {
                     any = true;
                     match e {
                         Event::Done { req, c } => self.requests.complete(req, c),
@@ -896,15 +978,21 @@ impl Endpoint {
             Mode::Inline(_) => std::hint::spin_loop(),
             Mode::Thread if *spins < 2000 => std::hint::spin_loop(),
             Mode::Thread => {
-                *self.shared.waiter.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(std::thread::current());
-                self.shared.waiting.store(true, Ordering::Release);
-                if self.shared.events.is_empty()
+                *self.shared.eps[self.ep]
+                    .waiter
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+                self.shared.eps[self.ep]
+                    .waiting
+                    .store(true, Ordering::Release);
+                if self.shared.eps[self.ep].events.is_empty()
                     && self.shared.state.load(Ordering::Acquire) != STOPPED
                 {
                     std::thread::park_timeout(Duration::from_millis(1));
                 }
-                self.shared.waiting.store(false, Ordering::Release);
+                self.shared.eps[self.ep]
+                    .waiting
+                    .store(false, Ordering::Release);
             }
         }
     }
@@ -944,10 +1032,9 @@ impl Endpoint {
                 let Some(id) = self.requests.core_id(req) else {
                     return Ok(false);
                 };
-                Ok(d.core().cancel(id))
+                Ok(d.core(0).cancel(id))
             }
-            Mode::Thread => self
-                .shared
+            Mode::Thread => self.shared.eps[self.ep]
                 .cmds
                 .push(Cmd::Cancel { req })
                 .map(|()| true)
@@ -956,7 +1043,10 @@ impl Endpoint {
     }
 
     fn control(&mut self, cmd: Cmd) -> Result<Event, Error> {
-        self.shared.cmds.push(cmd).map_err(|_| Error::WouldBlock)?;
+        self.shared.eps[self.ep]
+            .cmds
+            .push(cmd)
+            .map_err(|_| Error::WouldBlock)?;
         let mut spins = 0;
         loop {
             self.progress();
@@ -982,11 +1072,11 @@ impl Endpoint {
             Mode::Inline(d) => {
                 let now = self.clock.now();
                 let requests = &mut self.requests;
-                d.progress(now, &mut |c| {
+                d.progress(now, &mut |_, c| {
                     let (req, c) = completed(c);
                     requests.complete(req, c);
                 });
-                Ok(d.core().probe(src, match_bits, mask))
+                Ok(d.core(0).probe(src, match_bits, mask))
             }
             Mode::Thread => match self.control(Cmd::Probe {
                 src,
@@ -1003,7 +1093,7 @@ impl Endpoint {
     pub fn add_peer(&mut self, addr: Addr, mac: [u8; 6]) -> Result<(), Error> {
         match &mut self.mode {
             Mode::Inline(d) => d
-                .core()
+                .core(0)
                 .add_peer(addr, MacAddr(mac))
                 .map(|_| ())
                 .map_err(Error::Peer),
@@ -1018,7 +1108,7 @@ impl Endpoint {
     pub fn stats(&mut self, peer: Addr) -> Result<(Option<PeerStats>, IoStats), Error> {
         match &mut self.mode {
             Mode::Inline(d) => {
-                let core = d.core();
+                let core = d.core(0);
                 let st = core.peer_id(peer).and_then(|p| core.peer_stats(p).copied());
                 Ok((st, d.io_stats()))
             }

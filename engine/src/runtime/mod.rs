@@ -49,6 +49,9 @@ pub enum Error {
     /// A registered receive buffer that frames still refer to.
     #[error("the registered receive buffer is still referenced by frames in flight")]
     BufferBusy,
+    /// The engine cannot be set up as configured.
+    #[error("engine setup: {0}")]
+    Setup(String),
     /// The endpoint was already handed out.
     #[error("the engine's endpoint was already handed out")]
     EndpointTaken,

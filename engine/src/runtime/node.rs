@@ -147,7 +147,7 @@ pub fn start_node(cfg: &NodeConfig) -> Result<Node, Error> {
 /// one process, as tests and the benchmark do).
 pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Result<Node, Error> {
     let dpdk = |e: dpdk_ffi::Error| Error::Io(e.into());
-    let name = format!("emx{}-{}", engine.node, engine.endpoint);
+    let name = format!("emx{}", engine.node);
     let room = match link.mtu {
         Some(mtu) if usize::from(mtu) + 18 + 128 > usize::from(DEFAULT_DATA_ROOM) => mtu + 18 + 128,
         _ => DEFAULT_DATA_ROOM,
