@@ -108,7 +108,7 @@ impl Progress {
 /// Protocol cores (one per endpoint) and the one link they share.
 ///
 /// Received frames go to the core of their destination endpoint, found with
-/// [`peek_dst`] (a few loads; the core still validates the whole frame);
+/// [`peek_dst`](crate::wire::peek_dst) (a few loads; the core still validates the whole frame);
 /// frames for no local endpoint go to the first core, which counts and drops
 /// them. Cores take turns building frames.
 pub struct Driver<L: PacketIo> {
