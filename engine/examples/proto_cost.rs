@@ -6,6 +6,8 @@
 //!   emit, receive, match, copy, ack, both completions).
 //! - 1 MiB rendezvous messages: nanoseconds per byte, both sides together, and the same
 //!   less the link's own copy (the frame assembly that a NIC would do by DMA).
+//! - an idle polling turn (`poll_timeout` + `poll_transmit` with nothing to do) on a core
+//!   with 1 and 64 monitored peers: what the runtime pays on every poll.
 
 use emx::proto::{Addr, ChecksumMode, Completion, Core, CoreConfig, MacAddr, Time};
 use std::time::{Duration, Instant};
@@ -162,6 +164,57 @@ fn run(cfg: &CoreConfig, size: usize, messages: u64, in_flight: usize) -> Run {
     }
 }
 
+/// What the runtime pays on every turn of its polling loop when nothing happens: one
+/// `poll_timeout` and one `poll_transmit` on a core whose `peers` peers each have a
+/// receive posted for them (so each is monitored, with liveness deadlines) and a
+/// finished handshake. Nanoseconds per turn.
+fn idle_poll(peers: usize, turns: u64) -> f64 {
+    let cfg = CoreConfig {
+        max_peers: 64,
+        ..CoreConfig::default()
+    };
+    let a_addr = Addr::new(1, 0);
+    let a_mac = MacAddr([2, 0, 0, 0, 0, 1]);
+    let mut a: C = Core::new(cfg.clone(), a_addr, a_mac, 1, Time::ZERO).unwrap();
+    let mut others: Vec<C> = (0..peers)
+        .map(|i| {
+            let (addr, mac) = (
+                Addr::new(i as u16 + 2, 0),
+                MacAddr([2, 0, 0, 0, 1, i as u8]),
+            );
+            let mut b = Core::new(cfg.clone(), addr, mac, 1, Time::ZERO).unwrap();
+            b.add_peer(a_addr, a_mac).unwrap();
+            a.add_peer(addr, mac).unwrap();
+            a.post_recv(Time::ZERO, Some(addr), 9, !0, vec![0; 8], 0)
+                .unwrap();
+            b
+        })
+        .collect();
+    // Handshakes: A's HELLOs out, the answers back.
+    let mut buf = vec![0u8; 256];
+    let now = Time::ZERO;
+    for _ in 0..3 {
+        while let Some(tx) = a.poll_transmit(now, &mut buf) {
+            let _ = others[tx.peer.0 as usize].handle_frame(now, &buf[..tx.header_len]);
+        }
+        for b in &mut others {
+            while let Some(tx) = b.poll_transmit(now, &mut buf) {
+                let _ = a.handle_frame(now, &buf[..tx.header_len]);
+            }
+        }
+    }
+    let start = Instant::now();
+    let mut wake = 0u64;
+    for _ in 0..turns {
+        wake = wake.wrapping_add(std::hint::black_box(&a).poll_timeout().map_or(0, |t| t.0));
+        if a.poll_transmit(now, &mut buf).is_some() {
+            wake += 1;
+        }
+    }
+    std::hint::black_box(wake);
+    start.elapsed().as_nanos() as f64 / turns as f64
+}
+
 fn memcpy_ns_per_byte(bytes: u64, chunk: usize) -> f64 {
     let src = vec![1u8; 1 << 20];
     let mut dst = vec![0u8; chunk];
@@ -220,6 +273,16 @@ fn main() {
             println!(
                 "eager 8 B   [{name:>15}]: {t:6.1} / {tm:6.1} ns/message = sender {s:5.1} / {sm:5.1} \
                  + receiver {r:5.1} / {rm:5.1}  ({frames:.2} frames/message)"
+            );
+        }
+    }
+    if only != "rndv" && only != "eager" {
+        for peers in [1usize, 64] {
+            let v = (0..REPEAT).map(|_| idle_poll(peers, 2_000_000)).collect();
+            let (t, tm) = best_and_median(v);
+            println!(
+                "idle poll   [{peers:>3} monitored peers]: {t:6.1} / {tm:6.1} ns/turn \
+                 (poll_timeout + poll_transmit, nothing to do)"
             );
         }
     }

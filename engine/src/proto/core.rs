@@ -12,6 +12,7 @@
 //!
 //! Application requests ([`Core::send`], [`Core::post_recv`], [`Core::cancel`],
 //! [`Core::probe`]) may come at any point; after them, steps 3 and 5 are due again.
+//! At shutdown, [`Core::abort_all`] hands every outstanding request back (step 4).
 //!
 //! # Sessions
 //! A peer's session is identified by both sides' epochs. Every frame carries the sender's
@@ -36,7 +37,7 @@
 
 use super::matching::{eager_charge, matches, rts_charge, Store, MSG_OVERHEAD};
 use super::peer::Peer;
-use super::slab::{id_map, FreeList, IdMap, Links, List, NIL};
+use super::slab::{id_map, FreeList, IdMap, Links, List, MinTree, NIL};
 use super::stats::{CoreStats, PeerInfo, PeerStats};
 use super::{
     Addr, ChecksumMode, ConfigError, CoreConfig, PeerError, PeerId, RecvError, Rejected,
@@ -45,6 +46,7 @@ use super::{
 use crate::wire::{
     flags, DropReason, Frame, FrameType, Header, MacAddr, FRAME_HEADER_LEN, MAX_MSG_LEN,
 };
+use std::cell::Cell;
 use std::collections::VecDeque;
 
 pub(crate) const NO_PEER: u16 = u16::MAX;
@@ -291,12 +293,19 @@ pub struct Core<S: AsRef<[u8]>, R: AsMut<[u8]>> {
     pub(crate) epoch: u32,
     pub(crate) peer_credit: u64,
     pub(crate) max_payload: usize,
+    /// [`CoreConfig::effective_pull_block`], computed once.
+    pub(crate) pull_block: u32,
 
     pub(crate) peers: Vec<Peer>,
     pub(crate) peer_map: IdMap<u32, u16>,
     /// The last address looked up and its peer: traffic comes in runs from one peer.
     pub(crate) last_peer: (u32, u16),
     pub(crate) ready: VecDeque<u16>,
+    /// Each peer's earliest deadline, as of its last [`touch`](Self::touch).
+    pub(crate) timers: MinTree,
+    /// Peers touched since the tree was last brought up to date (each at most once).
+    pub(crate) dirty: Vec<Cell<u16>>,
+    pub(crate) dirty_len: Cell<usize>,
 
     pub(crate) sends: Vec<SendSlot<S>>,
     pub(crate) send_free: FreeList,
@@ -403,6 +412,7 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
         Ok(Core {
             peer_credit: cfg.peer_credit(),
             max_payload: cfg.frame_payload(),
+            pull_block: cfg.effective_pull_block(),
             local,
             mac,
             epoch,
@@ -410,6 +420,9 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
             peer_map: id_map(cfg.max_peers),
             last_peer: (u32::MAX, NO_PEER),
             ready: VecDeque::with_capacity(cfg.max_peers),
+            timers: MinTree::new(cfg.max_peers),
+            dirty: vec![Cell::new(0); cfg.max_peers],
+            dirty_len: Cell::new(0),
             sends,
             send_free: FreeList::new(cfg.max_sends),
             send_links: Links::new(cfg.max_sends),
@@ -725,6 +738,146 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
         true
     }
 
+    /// Aborts every outstanding request, for shutdown. Every send and receive (posted,
+    /// matched, in progress, rendezvous in either direction) completes with
+    /// [`RequestError::Aborted`] and hands its buffer back through
+    /// [`poll_completion`](Self::poll_completion); afterwards
+    /// [`outstanding`](Self::outstanding) is zero and no frame that
+    /// [`poll_transmit`](Self::poll_transmit) writes refers to an aborted send (it may
+    /// still write control frames: acks, pulls in flight, notifies). Peers stay known and
+    /// their sessions go on, so the core takes new requests afterwards. Unexpected
+    /// messages are not requests: they stay for later receives.
+    ///
+    /// What the peers see, since the wire has no frame that withdraws a message:
+    /// - a send nothing of which left yet is withdrawn for good (its message id is given
+    ///   back, so the peer's in-order matching does not wait for it);
+    /// - a rendezvous receive that was pulling sends NOTIFY, so that its sender stops and
+    ///   its send completes; late data of an aborted receive is acknowledged and
+    ///   discarded, and a late NOTIFY for an aborted send is acknowledged and ignored;
+    /// - a message partly sent (an eager message with fragments still to go, or a
+    ///   rendezvous announced and not yet pulled whole) stays incomplete at its
+    ///   receiver, which learns of it only when this endpoint comes back with a new epoch
+    ///   or goes silent. Frames of aborted sends that were in flight are not sent again,
+    ///   so if one of them was lost the session with that peer stalls until the peer
+    ///   declares this endpoint unreachable. Both are the ordinary end of a shutdown.
+    ///
+    /// `now` is the time of the call (aborting starts no timer).
+    pub fn abort_all(&mut self, now: Time) {
+        let _ = now;
+        for p in 0..self.peers.len() as u16 {
+            // Frames first, so that nothing refers to a send once it is gone.
+            self.abort_peer_frames(p);
+            self.abort_peer_sends(p);
+        }
+        while let Some(r) = self.recv_links.pop_front(&mut self.posted) {
+            self.complete_recv(r, Err(RequestError::Aborted));
+        }
+        for r in 0..self.recvs.len() as u32 {
+            if self.recvs[r as usize].state != RecvState::Active {
+                continue;
+            }
+            let m = self.recvs[r as usize].msg;
+            if m != NIL {
+                let msg = self.msgs[m as usize];
+                let peer = &mut self.peers[msg.peer as usize];
+                // Every matched message id is below `next_match`.
+                peer.recvs_aborted_below = Some(peer.next_match);
+                if msg.rndv {
+                    // The sender completes its send on NOTIFY, not on data alone.
+                    self.queue_notify(msg.peer, msg.msg_id);
+                }
+            }
+            self.complete_recv(r, Err(RequestError::Aborted));
+        }
+        for p in 0..self.peers.len() as u16 {
+            self.touch(p);
+        }
+        debug_assert_eq!(self.outstanding(), 0);
+    }
+
+    /// Drops peer `p`'s frame records that refer to sends (EAGER, RTS, PULL_DATA in
+    /// flight: a send's buffer is needed to send them again) and its pulls not sent
+    /// yet (every pulling receive is being aborted). Pulls and notifies in flight stay:
+    /// they refer to no request and keep their sequence numbers good.
+    fn abort_peer_frames(&mut self, p: u16) {
+        let peer = &mut self.peers[p as usize];
+        let mut i = peer.inflight.head;
+        while i != NIL {
+            let next = self.frame_links.next(i);
+            let f = self.frames[i as usize];
+            if matches!(
+                f.kind,
+                FrameType::Eager | FrameType::Rts | FrameType::PullData
+            ) {
+                if f.lost {
+                    peer.lost -= 1;
+                }
+                self.frame_links.remove(&mut peer.inflight, i);
+                self.frame_free.release(i);
+            }
+            i = next;
+        }
+        if peer.inflight.is_empty() {
+            peer.rto_at = Time::NEVER;
+        }
+        let mut i = peer.ctrl.head;
+        while i != NIL {
+            let next = self.frame_links.next(i);
+            if self.frames[i as usize].kind == FrameType::Pull {
+                self.frame_links.remove(&mut peer.ctrl, i);
+                self.frame_free.release(i);
+            }
+            i = next;
+        }
+    }
+
+    /// Completes every send to peer `p` with [`RequestError::Aborted`] (after
+    /// [`abort_peer_frames`](Self::abort_peer_frames)).
+    fn abort_peer_sends(&mut self, p: u16) {
+        // Sends leave in message order, so those nothing of which left are the tail of
+        // the list: their ids (and any credit charged for them) are given back, and the
+        // peer never learns they existed.
+        let mut first_unsent = None;
+        let mut any_sent = false;
+        let mut i = self.peers[p as usize].sends.head;
+        while i != NIL {
+            let s = &self.sends[i as usize];
+            if !s.first_pass_done && s.emitted == 0 {
+                if first_unsent.is_none() {
+                    first_unsent = Some(s.msg_id);
+                }
+                if s.started {
+                    // Charged, then no frame record was free: refund the charge.
+                    let charge = if s.rndv {
+                        rts_charge()
+                    } else {
+                        eager_charge(s.len)
+                    } as u32;
+                    let peer = &mut self.peers[p as usize];
+                    peer.credit_used = peer.credit_used.wrapping_sub(charge);
+                }
+            } else {
+                debug_assert!(first_unsent.is_none(), "sends leave in message order");
+                any_sent = true;
+            }
+            i = self.send_links.next(i);
+        }
+        let peer = &mut self.peers[p as usize];
+        if let Some(id) = first_unsent {
+            peer.next_msg_id = id;
+        }
+        if any_sent {
+            peer.sends_aborted_below = Some(peer.next_msg_id);
+        }
+        while self.peers[p as usize].sends.head != NIL {
+            let i = self.peers[p as usize].sends.head;
+            self.sends[i as usize].inflight = 0;
+            self.complete_send(i, Err(RequestError::Aborted));
+        }
+        debug_assert!(self.peers[p as usize].cursor == NIL);
+        debug_assert!(self.peers[p as usize].pulls.is_empty());
+    }
+
     /// The buffer of an outstanding send, to resolve a [`PayloadRef`].
     pub fn send_buffer(&self, req: RequestId) -> Option<&S> {
         if req.is_recv() {
@@ -754,6 +907,9 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
 
     // ------------------------------------------------------------ bookkeeping
 
+    /// Puts peer `p` in the transmit queue (it has something to send, or may have). The
+    /// timers move when it sends, and [`poll_transmit`](Self::poll_transmit) touches it
+    /// then.
     #[inline]
     pub(crate) fn mark_ready(&mut self, p: u16) {
         let peer = &mut self.peers[p as usize];
@@ -765,6 +921,7 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
 
     /// Arms the delayed ack (acks also carry credit updates).
     pub(crate) fn want_ack(&mut self, p: u16, now: Time) {
+        self.touch(p);
         let peer = &mut self.peers[p as usize];
         if peer.ack_at == Time::NEVER && !peer.ack_now {
             peer.ack_at = now + self.cfg.ack_delay;
@@ -900,6 +1057,8 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
             return Err(DropReason::NotForUs);
         }
         let r = self.handle_peer_frame(now, p, &h, f.payload(), frame.len());
+        // Whatever came in (an ack, a sign of life, a new epoch) may move p's timers.
+        self.touch(p);
         if let Err(reason) = r {
             self.peers[p as usize].stats.dropped.count(reason);
         }
@@ -1067,14 +1226,19 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
 
     /// The earliest time at which [`handle_timeout`](Self::handle_timeout) has work, or
     /// `None` when nothing is pending. Call after every other entry point; the answer is
-    /// only valid until the next call into the core. It scans the peer table (a few
-    /// nanoseconds per peer), so a polling loop calls it once per burst, not per frame.
+    /// only valid until the next call into the core. It costs the peers whose timers
+    /// changed since the last call (a deadline tree keeps the rest), so a polling loop
+    /// may call it on every turn.
     #[must_use]
+    #[inline]
     pub fn poll_timeout(&self) -> Option<Time> {
-        let mut t = Time::NEVER;
-        for p in &self.peers {
-            t = t.min(self.peer_deadline(p));
+        if self.dirty_len.get() != 0 {
+            self.refresh_deadlines();
         }
+        if cfg!(debug_assertions) {
+            self.check_deadlines();
+        }
+        let t = self.timers.min();
         (t != Time::NEVER).then_some(t)
     }
 
@@ -1082,11 +1246,21 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
     /// probes and peer deadlines. Call when the time from
     /// [`poll_timeout`](Self::poll_timeout) has come (calling early is harmless).
     pub fn handle_timeout(&mut self, now: Time) {
-        for p in 0..self.peers.len() as u16 {
+        self.refresh_deadlines();
+        // Only the peers that are due, found through the tree (which the work below does
+        // not change: it touches the peers, and the tree catches up at the next poll).
+        let mut next = 0;
+        while let Some(i) = self.timers.next_due(next, now) {
+            if i >= self.peers.len() {
+                break;
+            }
+            next = i + 1;
+            let p = i as u16;
             let peer = &self.peers[p as usize];
             if self.peer_deadline(peer) > now {
                 continue;
             }
+            self.touch(p);
             let peer = &mut self.peers[p as usize];
             if peer.ack_at <= now {
                 peer.ack_at = Time::NEVER;
@@ -1129,6 +1303,9 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
         assert!(buf.len() >= FRAME_HEADER_LEN, "transmit buffer too small");
         while let Some(&p) = self.ready.front() {
+            // Sending arms timers; finding nothing to send may mark a stall, which
+            // shortens the probe interval.
+            self.touch(p);
             if let Some(t) = self.peer_transmit(now, p, buf) {
                 // Round robin between peers with work.
                 if self.ready.len() > 1 {

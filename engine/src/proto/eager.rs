@@ -37,7 +37,11 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
         }
         let peer = &self.peers[p as usize];
         if (h.msg_id.wrapping_sub(peer.next_match) as i32) < 0 {
-            // A message that was matched already cannot start again.
+            // A message that was matched already cannot start again, unless its receive
+            // was aborted while fragments were still coming: those are still due.
+            if peer.recv_aborted(h.msg_id) {
+                return Ok(());
+            }
             return Err(DropReason::Protocol);
         }
         let charge = eager_charge(h.msg_len);
@@ -92,6 +96,10 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
                 }
                 return;
             }
+        }
+        if (h.msg_id.wrapping_sub(self.peers[p as usize].next_match) as i32) < 0 {
+            // A late fragment of an aborted receive (check_eager let nothing else by).
+            return;
         }
         let Some(m) = self.new_msg(p, h.msg_id, false, h.match_bits, h.msg_len) else {
             // Cannot happen: check_eager saw room and credits bound the store.

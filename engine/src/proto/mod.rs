@@ -33,9 +33,13 @@
 //!   higher epoch means a restart and fails the old session's requests; silence past
 //!   `peer_timeout` while something waits on the peer declares it unreachable; keepalive
 //!   probes (ACKs asking for an ACK) keep a quiet but living peer alive.
+//! - **Timers**: each peer's earliest deadline (delayed ack, retransmission, probe,
+//!   death) sits in a tournament tree; an entry point marks the peers whose timer state
+//!   it changed, and the next [`Core::poll_timeout`] recomputes only those, so a poll
+//!   costs O(1) with nothing changed, however many peers there are.
 //! - **Eager** up to `eager_threshold`, **rendezvous** above it: RTS, then
-//!   receiver-paced pulls of `pull_block` bytes, `pull_inflight` at a time, answered by
-//!   zero-copy data frames, then NOTIFY.
+//!   receiver-paced pulls of `pull_block` bytes (rounded down to whole frames),
+//!   `pull_inflight` at a time, answered by zero-copy data frames, then NOTIFY.
 
 pub mod core;
 mod eager;
@@ -206,7 +210,10 @@ pub struct CoreConfig {
     pub eager_threshold: u64,
     /// Bytes of the unexpected-message store (split evenly among peers as credits).
     pub unexpected_bytes: u64,
-    /// Bytes one rendezvous pull asks for.
+    /// Most bytes one rendezvous pull asks for. The receiver rounds it down to a whole
+    /// number of frame payloads ([`effective_pull_block`](Self::effective_pull_block)),
+    /// so that a block does not end in a short frame; a bound below one frame payload is
+    /// used as it is.
     pub pull_block: u32,
     /// Pulls one rendezvous receive keeps in flight (1..=8).
     pub pull_inflight: u8,
@@ -259,6 +266,20 @@ impl CoreConfig {
     #[inline]
     pub fn frame_payload(&self) -> usize {
         self.mtu.saturating_sub(crate::wire::EMX_HEADER_LEN)
+    }
+
+    /// Bytes one rendezvous pull asks for: `pull_block` rounded down to a whole number of
+    /// frame payloads, or `pull_block` itself when it is smaller than one (64 KiB at
+    /// MTU 1500 gives 46 frames of 1424 bytes, 65504 bytes, where 64 KiB would end every
+    /// block in a 32-byte frame). Only the last block of a message may be shorter.
+    #[inline]
+    pub fn effective_pull_block(&self) -> u32 {
+        let frame = self.frame_payload().min(u32::MAX as usize) as u32;
+        if frame == 0 || self.pull_block < frame {
+            self.pull_block
+        } else {
+            self.pull_block - self.pull_block % frame
+        }
     }
 
     /// Credit bytes each peer may have charged against the unexpected store.
@@ -425,4 +446,8 @@ pub enum RequestError {
     /// The peer restarted (came back with a new epoch); its old session is gone.
     #[error("peer restarted")]
     PeerRestarted,
+    /// The engine shut down before the request finished ([`Core::abort_all`]). A send
+    /// that ends so may still have reached its receiver, in part or whole.
+    #[error("aborted: the engine shut down before the request finished")]
+    Aborted,
 }

@@ -14,6 +14,7 @@ use super::stats::PeerStats;
 use super::RequestError;
 use super::{Addr, Time};
 use crate::wire::MacAddr;
+use core::cell::Cell;
 use core::time::Duration;
 
 /// Session state of one peer.
@@ -56,6 +57,10 @@ pub(crate) struct Peer {
     pub(crate) cursor: u32,
     /// Rendezvous sends with pulled data to send.
     pub(crate) pulls: List,
+    /// Set by [`Core::abort_all`]: our messages with ids below this one may have been
+    /// abandoned in the middle of a rendezvous, so the peer's late NOTIFY for them is
+    /// acknowledged and ignored instead of refused (a refused frame is sent forever).
+    pub(crate) sends_aborted_below: Option<u32>,
 
     // Receive half.
     pub(crate) rcv: RecvWindow,
@@ -70,6 +75,10 @@ pub(crate) struct Peer {
     pub(crate) next_match: u32,
     /// Message envelopes from this peer.
     pub(crate) msgs: List,
+    /// Set by [`Core::abort_all`]: the peer's messages with ids below this one may have
+    /// lost their receive while data was still coming, so late EAGER and PULL_DATA frames
+    /// of them are acknowledged and discarded instead of refused.
+    pub(crate) recvs_aborted_below: Option<u32>,
 
     // Liveness.
     pub(crate) last_heard: Time,
@@ -79,6 +88,9 @@ pub(crate) struct Peer {
     pub(crate) hello_now: bool,
     pub(crate) ping_now: bool,
     pub(crate) in_ready: bool,
+    /// Its timers may have moved since its deadline was last put in the core's deadline
+    /// tree (see [`Core::touch`]).
+    pub(crate) deadline_dirty: Cell<bool>,
     /// Whose turn it is for the next new frame: messages or rendezvous data.
     pub(crate) msgs_turn: bool,
 
@@ -110,6 +122,7 @@ impl Peer {
             sends: List::default(),
             cursor: NIL,
             pulls: List::default(),
+            sends_aborted_below: None,
             rcv: RecvWindow::default(),
             unacked: 0,
             ack_at: Time::NEVER,
@@ -119,6 +132,7 @@ impl Peer {
             held: 0,
             next_match: 0,
             msgs: List::default(),
+            recvs_aborted_below: None,
             last_heard: Time::ZERO,
             live_base: Time::ZERO,
             last_probe: Time::ZERO,
@@ -126,6 +140,7 @@ impl Peer {
             hello_now: false,
             ping_now: false,
             in_ready: false,
+            deadline_dirty: Cell::new(false),
             msgs_turn: false,
             stats: PeerStats::default(),
         }
@@ -136,12 +151,41 @@ impl Peer {
     pub(crate) fn monitored(&self) -> bool {
         self.involved > 0 || !self.inflight.is_empty() || !self.ctrl.is_empty()
     }
+
+    /// Whether our message `msg_id` may have been abandoned by [`Core::abort_all`].
+    #[inline]
+    pub(crate) fn send_aborted(&self, msg_id: u32) -> bool {
+        self.sends_aborted_below
+            .is_some_and(|b| (msg_id.wrapping_sub(b) as i32) < 0)
+    }
+
+    /// Whether the peer's message `msg_id` may have lost its receive to
+    /// [`Core::abort_all`] (only ids already matched qualify).
+    #[inline]
+    pub(crate) fn recv_aborted(&self, msg_id: u32) -> bool {
+        self.recvs_aborted_below
+            .is_some_and(|b| (msg_id.wrapping_sub(b) as i32) < 0)
+    }
 }
 // Session lifecycle and liveness, driven by the core: involvement, deadlines, failing a
 // peer's requests and starting its session over.
 impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
     /// Counts one more request that involves peer `p` (its silence now matters).
+    // Always inlined: the common case is two loads and an add, on every send.
+    #[inline(always)]
     pub(crate) fn engage(&mut self, p: u16, now: Time) {
+        let peer = &mut self.peers[p as usize];
+        if peer.involved > 0 && peer.epoch != 0 {
+            // Monitored already and in session: one more request changes no deadline.
+            peer.involved += 1;
+            return;
+        }
+        self.engage_first(p, now);
+    }
+
+    /// [`engage`](Self::engage) when the peer may start being monitored or need a HELLO.
+    #[inline(never)]
+    fn engage_first(&mut self, p: u16, now: Time) {
         let peer = &mut self.peers[p as usize];
         if !peer.monitored() {
             peer.live_base = now;
@@ -152,12 +196,62 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
             peer.last_probe = now;
             self.mark_ready(p);
         }
+        // Its liveness deadlines may start now, or its probe time moved.
+        self.touch(p);
     }
 
+    #[inline]
     pub(crate) fn disengage(&mut self, p: u16) {
         if p != NO_PEER {
             let peer = &mut self.peers[p as usize];
             peer.involved = peer.involved.saturating_sub(1);
+            if peer.involved == 0 {
+                // It may stop being monitored (its deadlines only change then).
+                self.touch(p);
+            }
+        }
+    }
+
+    /// Notes that peer `p`'s timer state (ack, retransmission and liveness times, what
+    /// it is involved in) may have changed, so that its deadline is computed again
+    /// before [`poll_timeout`](Core::poll_timeout) next answers. Every entry point calls
+    /// it, directly or through [`engage`](Core::engage), [`disengage`](Core::disengage)
+    /// and the like, for each peer whose timer state it changes; debug builds check that
+    /// none was missed. So a poll costs the peers that changed, not the whole table.
+    // Always inlined: it runs on every frame in and out, and is a load and a branch when
+    // the peer was touched already.
+    #[inline(always)]
+    pub(crate) fn touch(&self, p: u16) {
+        let peer = &self.peers[p as usize];
+        if !peer.deadline_dirty.get() {
+            peer.deadline_dirty.set(true);
+            let n = self.dirty_len.get();
+            self.dirty[n].set(p);
+            self.dirty_len.set(n + 1);
+        }
+    }
+
+    /// Puts the deadlines of the touched peers into the deadline tree.
+    #[inline]
+    pub(crate) fn refresh_deadlines(&self) {
+        let n = self.dirty_len.get();
+        for k in 0..n {
+            let p = self.dirty[k].get();
+            let peer = &self.peers[p as usize];
+            peer.deadline_dirty.set(false);
+            self.timers.set(p as usize, self.peer_deadline(peer));
+        }
+        self.dirty_len.set(0);
+    }
+
+    /// Debug builds: every peer's deadline in the tree is its current one.
+    pub(crate) fn check_deadlines(&self) {
+        for (p, peer) in self.peers.iter().enumerate() {
+            debug_assert_eq!(
+                self.timers.get(p),
+                self.peer_deadline(peer),
+                "peer {p}'s timers changed without a touch"
+            );
         }
     }
 
@@ -259,6 +353,7 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
 
     /// Starts both halves of the stream over (after `fail_peer`).
     pub(crate) fn reset_session(&mut self, p: u16) {
+        self.touch(p);
         self.free_frames(p);
         let rto = self.cfg.rto_initial;
         let peer = &mut self.peers[p as usize];
@@ -275,6 +370,8 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
         peer.next_msg_id = 0;
         peer.cursor = NIL;
         peer.pulls = List::default();
+        peer.sends_aborted_below = None;
+        peer.recvs_aborted_below = None;
         peer.rcv = Default::default();
         peer.unacked = 0;
         peer.ack_at = Time::NEVER;

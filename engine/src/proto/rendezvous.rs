@@ -1,6 +1,7 @@
 //! Rendezvous protocol: above the eager threshold the sender announces the message with
 //! an RTS (match bits, length) and keeps its buffer. The receiver matches the RTS like
-//! any message; once bound it pulls the data in `pull_block` blocks, at most
+//! any message; once bound it pulls the data in blocks of `pull_block` bytes rounded down
+//! to whole frame payloads ([`CoreConfig::effective_pull_block`]), at most
 //! `pull_inflight` outstanding, so the receiver paces the transfer (Open-MX style). The
 //! sender answers pulls with PULL_DATA frames whose payload is a [`PayloadRef`] into the
 //! send buffer (zero copy), and the receiver places them at their offsets in any order.
@@ -13,6 +14,7 @@
 //! always wanted.
 //!
 //! [`PayloadRef`]: super::PayloadRef
+//! [`CoreConfig::effective_pull_block`]: super::CoreConfig::effective_pull_block
 
 use super::core::{msg_key, Core, MsgState, TxFrame};
 use super::matching::rts_charge;
@@ -67,7 +69,9 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
         let m = self.recvs[r as usize].msg;
         let msg = self.msgs[m as usize];
         let max_blocks = self.cfg.pull_inflight;
-        let block = self.cfg.pull_block as u64;
+        // Whole frames per block: a block cut at the configured size would end in a short
+        // frame, one more frame (and header) per block for a few bytes.
+        let block = self.pull_block as u64;
         let mut issued = false;
         loop {
             let pull = &mut self.recvs[r as usize].pull;
@@ -98,11 +102,13 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
             issued = true;
         }
         if issued {
+            // Control frames waiting make the peer monitored.
+            self.touch(msg.peer);
             self.mark_ready(msg.peer);
         }
     }
 
-    fn queue_notify(&mut self, p: u16, msg_id: u32) {
+    pub(crate) fn queue_notify(&mut self, p: u16, msg_id: u32) {
         let Some(i) = self.frame_free.alloc() else {
             // The frame table is sized for one notify per receive on top of the windows.
             debug_assert!(false, "frame table exhausted");
@@ -121,11 +127,16 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
         };
         let peer = &mut self.peers[p as usize];
         self.frame_links.push_back(&mut peer.ctrl, i);
+        self.touch(p);
         self.mark_ready(p);
     }
 
     pub(crate) fn check_pull_data(&self, p: u16, h: &Header) -> Result<(), DropReason> {
         let Some(&m) = self.msg_map.get(&msg_key(p, h.msg_id)) else {
+            // Data pulled for a receive that `abort_all` took away is still due.
+            if self.peers[p as usize].recv_aborted(h.msg_id) {
+                return Ok(());
+            }
             return Err(DropReason::Protocol);
         };
         let msg = &self.msgs[m as usize];
@@ -141,7 +152,9 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
     }
 
     pub(crate) fn on_pull_data(&mut self, p: u16, h: &Header, data: &[u8]) {
-        let m = self.msg_map[&msg_key(p, h.msg_id)];
+        let Some(&m) = self.msg_map.get(&msg_key(p, h.msg_id)) else {
+            return; // late data of an aborted receive: acknowledged, discarded
+        };
         let msg = self.msgs[m as usize];
         let r = msg.recv;
         let slot = &mut self.recvs[r as usize];
@@ -192,6 +205,10 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
             if ft == FrameType::Pull && (h.msg_id.wrapping_sub(next) as i32) < 0 {
                 return Ok(());
             }
+            // The receiver's NOTIFY for a send that `abort_all` took away.
+            if ft == FrameType::Notify && self.peers[p as usize].send_aborted(h.msg_id) {
+                return Ok(());
+            }
             return Err(DropReason::Protocol);
         };
         let s = &self.sends[s as usize];
@@ -218,7 +235,9 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
     }
 
     pub(crate) fn on_notify(&mut self, p: u16, h: &Header) {
-        let i = self.rndv_map[&msg_key(p, h.msg_id)];
+        let Some(&i) = self.rndv_map.get(&msg_key(p, h.msg_id)) else {
+            return; // for a send that was aborted
+        };
         let s = &mut self.sends[i as usize];
         s.notified = true;
         if s.in_pulls {

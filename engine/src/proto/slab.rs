@@ -2,6 +2,8 @@
 //! a cheap hasher for the few integer-keyed maps. Nothing here allocates after
 //! construction.
 
+use super::Time;
+use std::cell::Cell;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// "No index".
@@ -117,6 +119,83 @@ impl Links {
     }
 }
 
+/// A tournament tree of times over a fixed number of slots: the earliest in O(1), one
+/// slot changed in O(log n), the due slots found in O(log n) each. Its nodes are cells so
+/// that a `&self` query ([`Core::poll_timeout`](super::Core::poll_timeout)) can apply
+/// the updates that were put off until it.
+#[derive(Debug)]
+pub(crate) struct MinTree {
+    leaves: usize,
+    /// Node 1 is the root, node k has children 2k and 2k+1, slot i is node `leaves + i`.
+    node: Vec<Cell<Time>>,
+}
+
+impl MinTree {
+    pub(crate) fn new(n: usize) -> Self {
+        let leaves = n.max(1).next_power_of_two();
+        MinTree {
+            leaves,
+            node: vec![Cell::new(Time::NEVER); 2 * leaves],
+        }
+    }
+
+    /// The earliest time of any slot (`Time::NEVER` when none is set).
+    #[inline]
+    pub(crate) fn min(&self) -> Time {
+        self.node[1].get()
+    }
+
+    /// The time of slot `i`.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Time {
+        self.node[self.leaves + i].get()
+    }
+
+    /// Sets slot `i`.
+    #[inline]
+    pub(crate) fn set(&self, i: usize, t: Time) {
+        let mut k = self.leaves + i;
+        if self.node[k].get() == t {
+            return;
+        }
+        self.node[k].set(t);
+        while k > 1 {
+            k /= 2;
+            let m = self.node[2 * k].get().min(self.node[2 * k + 1].get());
+            if self.node[k].get() == m {
+                break; // the ancestors hold the same minimum already
+            }
+            self.node[k].set(m);
+        }
+    }
+
+    /// The first slot at or after `from` whose time is at or before `t`.
+    pub(crate) fn next_due(&self, from: usize, t: Time) -> Option<usize> {
+        if from >= self.leaves {
+            return None;
+        }
+        let mut k = self.leaves + from;
+        while self.node[k].get() > t {
+            // Climb past the right children: their right neighbours lie beyond the parent.
+            while k & 1 == 1 {
+                k >>= 1;
+                if k <= 1 {
+                    return None;
+                }
+            }
+            k += 1;
+        }
+        while k < self.leaves {
+            k = if self.node[2 * k].get() <= t {
+                2 * k
+            } else {
+                2 * k + 1
+            };
+        }
+        Some(k - self.leaves)
+    }
+}
+
 /// Multiplicative hasher for integer keys (the keys are ids, not attacker-chosen
 /// strings, and every map is bounded by configuration).
 #[derive(Default, Clone, Copy)]
@@ -165,5 +244,40 @@ mod tests {
         assert_eq!(links.pop_front(&mut l), Some(3));
         assert_eq!(links.pop_front(&mut l), None);
         assert!(l.is_empty());
+    }
+
+    #[test]
+    fn min_tree() {
+        for n in [1usize, 2, 5, 64] {
+            let t = MinTree::new(n);
+            assert_eq!(t.min(), Time::NEVER);
+            assert_eq!(t.next_due(0, Time(u64::MAX - 1)), None);
+            let mut want = vec![Time::NEVER; n];
+            let mut x = 7u64;
+            for _ in 0..500 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let i = (x >> 33) as usize % n;
+                let v = if x & 7 == 0 {
+                    Time::NEVER
+                } else {
+                    Time((x >> 40) % 100)
+                };
+                t.set(i, v);
+                want[i] = v;
+                assert_eq!(t.min(), *want.iter().min().unwrap());
+                assert_eq!(t.get(i), v);
+                let due = Time((x >> 20) % 100);
+                let mut got = Vec::new();
+                let mut from = 0;
+                while let Some(j) = t.next_due(from, due) {
+                    got.push(j);
+                    from = j + 1;
+                }
+                let exp: Vec<usize> = (0..n).filter(|&j| want[j] <= due).collect();
+                assert_eq!(got, exp);
+            }
+        }
     }
 }

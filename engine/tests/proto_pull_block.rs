@@ -1,0 +1,81 @@
+//! Rendezvous pulls ask for whole frame payloads: `pull_block` is an upper bound that
+//! the receiver rounds down, so that only a message's last frame may be short.
+
+mod common;
+
+use common::*;
+use emx::proto::{Completion, CoreConfig, PeerId, Time};
+use emx::sim::LinkConfig;
+
+#[test]
+fn effective_pull_block_is_whole_frames() {
+    let cfg = CoreConfig::default();
+    assert_eq!(cfg.frame_payload(), 1424);
+    assert_eq!(cfg.effective_pull_block(), 46 * 1424);
+    let jumbo = CoreConfig {
+        mtu: 9000,
+        ..CoreConfig::default()
+    };
+    assert_eq!(jumbo.effective_pull_block(), 7 * 8924);
+    // A bound that is whole frames already stays; one below a frame is used as it is.
+    for (block, want) in [
+        (3 * 1424, 3 * 1424),
+        (1424, 1424),
+        (1000, 1000),
+        (2847, 1424),
+    ] {
+        let c = CoreConfig {
+            pull_block: block,
+            ..CoreConfig::default()
+        };
+        assert_eq!(c.effective_pull_block(), want, "pull_block {block}");
+    }
+}
+
+/// Sends one message by rendezvous on a clean link and returns the data frames the
+/// sender sent (every reliable frame but the RTS).
+fn data_frames(cfg: CoreConfig, len: usize) -> u64 {
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    sim.core(1)
+        .post_recv(Time::ZERO, Some(addr(0)), 5, !0, vec![0; len], 0)
+        .unwrap();
+    sim.core(0)
+        .send(Time::ZERO, addr(1), 5, pattern(9, len), 0)
+        .unwrap();
+    let mut done = 0;
+    let ok = sim.run_until(Time(1_000_000_000), |sim| {
+        for (_, c) in drain(sim) {
+            if let Completion::Recv(r) = &c {
+                r.result.unwrap();
+                assert!(r.buf == pattern(9, len));
+            }
+            done += 1;
+        }
+        done == 2
+    });
+    assert!(ok);
+    let s = sim.core_ref(0).peer_stats(PeerId(0)).unwrap();
+    assert_eq!(s.retransmits, 0);
+    s.frames_sent - s.acks_sent - s.hellos_sent - 1
+}
+
+#[test]
+fn no_block_ends_in_a_short_frame() {
+    // One pull at a time is the worst case: the sender catches up with every block.
+    for (mtu, pull_inflight) in [(1500usize, 4u8), (9000, 4), (1500, 1), (9000, 1)] {
+        let cfg = CoreConfig {
+            mtu,
+            pull_inflight,
+            ..CoreConfig::default()
+        };
+        let fp = cfg.frame_payload();
+        for len in [1usize << 20, 3 << 20 | 12345] {
+            // As many frames as the message needs, not one more per block.
+            assert_eq!(
+                data_frames(cfg.clone(), len),
+                len.div_ceil(fp) as u64,
+                "mtu {mtu}, {pull_inflight} pulls in flight, {len} bytes"
+            );
+        }
+    }
+}
