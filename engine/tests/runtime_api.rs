@@ -3,13 +3,14 @@
 //! with sends in flight.
 #![cfg(feature = "runtime")]
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emx::io::{Mac, MemIo, MemNetwork, PacketIo};
 use emx::proto::{Addr, RequestError};
 use emx::runtime::{
-    Engine, EngineConfig, Error, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf,
+    Buf, Engine, EngineConfig, Error, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf,
 };
 
 fn cfg(node: u16, peer: (u16, Mac), progress: ProgressMode) -> EngineConfig {
@@ -49,6 +50,8 @@ fn exchange(mode: ProgressMode) {
     let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
     assert!(matches!(ea.endpoint(), Err(Error::EndpointTaken)));
     let sizes = [0usize, 7, 1500, 40_000, 1 << 20];
+    let done = Arc::new(AtomicBool::new(false));
+    let done2 = done.clone();
     let receiver = std::thread::spawn(move || {
         // Any-source receives, matched on the low 8 bits only.
         let reqs: Vec<_> = sizes
@@ -65,6 +68,11 @@ fn exchange(mode: ProgressMode) {
             assert!(buf.as_ref() == data(i, sizes[i]).as_slice(), "message {i}");
             left.remove(k);
         }
+        // An inline engine acknowledges only while driven: keep driving until
+        // the sender's last sends have their acknowledgements.
+        while !done2.load(Ordering::Acquire) {
+            b.progress();
+        }
         b
     });
     let reqs: Vec<_> = sizes
@@ -78,6 +86,7 @@ fn exchange(mode: ProgressMode) {
     for r in reqs {
         a.wait(r).unwrap().into_send().unwrap();
     }
+    done.store(true, Ordering::Release);
     let b = receiver.join().unwrap();
     let (peer, iostats) = a.stats(Addr::new(2, 0)).unwrap();
     assert!(peer.unwrap().frames_sent > 0 && iostats.tx_frames > 0);
@@ -255,14 +264,45 @@ fn shutdown_with_sends_in_flight() {
         c.protocol.peer_timeout_us = Some(60_000_000);
         let mut ea = Engine::start(&c, ia).unwrap();
         let mut a = ea.endpoint().unwrap();
-        let _s = a.isend(Addr::new(2, 0), 1, vec![1u8; 1 << 20]).unwrap();
+        let s = a.isend(Addr::new(2, 0), 1, vec![1u8; 1 << 20]).unwrap();
+        let r = a.irecv(None, 2, u64::MAX, vec![0u8; 10]).unwrap();
         let t0 = Instant::now();
         let report = a.close(Duration::from_millis(100));
         assert!(t0.elapsed() < Duration::from_secs(2), "no hang");
-        assert_eq!((report.drained, report.aborted), (0, 1), "{mode:?}");
+        assert_eq!((report.drained, report.aborted), (0, 2), "{mode:?}");
+        // Both requests came back aborted, each with its own buffer.
+        for (req, c) in report.completed {
+            assert!(
+                matches!(c.result, Err(Error::ShutDown)),
+                "{mode:?}: {:?}",
+                c.result
+            );
+            match c.buf {
+                Buf::Send(b) if req == s => assert_eq!(b.as_ref().len(), 1 << 20),
+                Buf::Recv(b) if req == r => assert_eq!(b.as_ref().len(), 10),
+                other => panic!("{mode:?}: wrong buffer back: {other:?}"),
+            }
+        }
         ea.shutdown(Duration::from_millis(10)).unwrap();
         drop(ib);
     }
+    // An engine shut down under an open endpoint aborts its requests too; the
+    // endpoint takes them, buffers included.
+    let (ia, ib) = MemNetwork::pair(1500);
+    let mut c = cfg(1, (2, ib.mac()), thread_mode());
+    c.protocol.peer_timeout_us = Some(60_000_000);
+    let mut ea = Engine::start(&c, ia).unwrap();
+    let mut a = ea.endpoint().unwrap();
+    let s = a.isend(Addr::new(2, 0), 1, vec![7u8; 100_000]).unwrap();
+    ea.shutdown(Duration::from_millis(50)).unwrap();
+    let done = a.wait(s).unwrap();
+    assert!(
+        matches!(done.result, Err(Error::ShutDown)),
+        "{:?}",
+        done.result
+    );
+    assert!(matches!(done.buf, Buf::Send(ref b) if b.as_ref().len() == 100_000));
+    drop(ib);
     // New work after shutdown is refused with the buffer back.
     let (ia, _ib) = MemNetwork::pair(1500);
     let mut ea = Engine::start(&cfg(1, (2, [2, 0, 0, 0, 0, 2]), thread_mode()), ia).unwrap();

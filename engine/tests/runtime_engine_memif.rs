@@ -6,6 +6,8 @@
 
 mod rt;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dpdk_ffi::ExtMem;
@@ -47,11 +49,15 @@ fn two_engines(progress: ProgressMode) {
     let region = emx::runtime::register_memory(&eal, 72 << 20).unwrap();
     let t0 = Instant::now();
     let recv_sizes = sizes.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let done2 = done.clone();
     let receiver = std::thread::spawn(move || {
         receive_all(&mut b, &recv_sizes, 8);
+        drive_until(&mut b, &done2);
         b
     });
     send_all(&mut a, Addr::new(2, 0), &sizes, 4, Some(&region));
+    done.store(true, Ordering::Release);
     let b = receiver.join().unwrap();
     eprintln!(
         "{} messages, {} bytes in {:?}",
@@ -99,11 +105,15 @@ fn memif_pair_256_mib_through_loss_and_reordering() {
     let sizes = sizes(&[0, 1, 1 << 20], 256 << 20, 7);
     let t0 = Instant::now();
     let recv_sizes = sizes.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let done2 = done.clone();
     let receiver = std::thread::spawn(move || {
         receive_all(&mut b, &recv_sizes, 16);
+        drive_until(&mut b, &done2);
         b
     });
     send_all(&mut a, Addr::new(2, 0), &sizes, 8, None);
+    done.store(true, Ordering::Release);
     let mut b = receiver.join().unwrap();
     eprintln!(
         "{} messages, {} bytes through 10% loss in {:?}",

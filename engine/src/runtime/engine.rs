@@ -286,6 +286,8 @@ enum Cmd {
     Stats {
         addr: Addr,
     },
+    /// Abort every outstanding request of this endpoint.
+    Abort,
 }
 
 enum Event {
@@ -337,6 +339,25 @@ struct Shared {
     state: AtomicU8,
     /// Until when a stopping engine keeps driving outstanding sends.
     drain_until: Mutex<Option<Instant>>,
+    /// The polling thread, and whether it is asleep (backed off): a submitter
+    /// wakes it rather than leave the request waiting out the sleep.
+    poller: std::sync::OnceLock<Thread>,
+    poller_asleep: AtomicBool,
+}
+
+impl Shared {
+    /// Wakes the polling thread if it is asleep: a command was submitted.
+    #[inline]
+    fn kick(&self) {
+        // Pairs with the fence in Backoff::snooze: either the poller sees the
+        // command before it parks, or this sees it asleep and wakes it.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.poller_asleep.load(Ordering::SeqCst) {
+            if let Some(t) = self.poller.get() {
+                t.unpark();
+            }
+        }
+    }
 }
 
 fn completed(c: Completion<SendBuf, RecvBuf>) -> (Request, Completed) {
@@ -345,27 +366,41 @@ fn completed(c: Completion<SendBuf, RecvBuf>) -> (Request, Completed) {
             Request(s.ctx),
             Completed {
                 buf: Buf::Send(s.buf),
-                result: s.result.map(|()| None).map_err(Error::Request),
+                result: s.result.map(|()| None).map_err(request_error),
             },
         ),
         Completion::Recv(r) => (
             Request(r.ctx),
             Completed {
                 buf: Buf::Recv(r.buf),
-                result: r.result.map(Some).map_err(Error::Request),
+                result: r.result.map(Some).map_err(request_error),
             },
         ),
     }
 }
 
-/// What shutting down found.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How long an inline endpoint being closed keeps driving after its engine
+/// fell idle: well past the delayed-acknowledgement timer (20 us by default).
+const LINGER: Duration = Duration::from_millis(5);
+
+/// A request aborted by a shutdown ends with [`Error::ShutDown`].
+fn request_error(e: crate::proto::RequestError) -> Error {
+    match e {
+        crate::proto::RequestError::Aborted => Error::ShutDown,
+        e => Error::Request(e),
+    }
+}
+
+/// What closing an endpoint found.
+#[derive(Debug, Default)]
 pub struct ShutdownReport {
     /// Requests that finished while draining.
     pub drained: usize,
-    /// Requests still outstanding at the deadline, completed with
-    /// [`Error::ShutDown`].
+    /// Requests still outstanding at the deadline, aborted: they completed
+    /// with [`Error::ShutDown`], their buffers handed back.
     pub aborted: usize,
+    /// Every request that was outstanding, with its completion (and buffer).
+    pub completed: Vec<(Request, Completed)>,
 }
 
 /// One emx engine: a protocol core over a link, progressed by a polling
@@ -428,6 +463,8 @@ impl Engine {
             eps: (0..eps.len()).map(|_| EpShared::new(ring)).collect(),
             state: AtomicU8::new(RUNNING),
             drain_until: Mutex::new(None),
+            poller: std::sync::OnceLock::new(),
+            poller_asleep: AtomicBool::new(false),
         });
         let driver: Box<dyn Drive> = Box::new(Driver::with_cores(cores, io));
         let mut engine = Engine {
@@ -492,6 +529,7 @@ impl Engine {
         Ok(Endpoint {
             shared: self.shared.clone(),
             ep,
+            closed: false,
             mode,
             requests: Requests::new(self.max_requests),
             reply: None,
@@ -570,14 +608,21 @@ impl Backoff {
         self.sleep_us = Self::MIN_SLEEP_US;
     }
 
-    fn snooze(&mut self) {
+    fn snooze(&mut self, shared: &Shared) {
         self.idle = self.idle.saturating_add(1);
         if self.spin_forever || self.idle < Self::SPINS {
             std::hint::spin_loop();
         } else if self.idle < Self::SPINS + Self::YIELDS {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(Duration::from_micros(self.sleep_us));
+            // Asleep, but a submitter can wake us (see Shared::kick); only
+            // frames from the wire wait out the sleep.
+            shared.poller_asleep.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if shared.eps.iter().all(|e| e.cmds.is_empty()) {
+                std::thread::park_timeout(Duration::from_micros(self.sleep_us));
+            }
+            shared.poller_asleep.store(false, Ordering::SeqCst);
             self.sleep_us = (self.sleep_us * 2).min(Self::MAX_SLEEP_US);
         }
     }
@@ -602,6 +647,7 @@ fn poll_thread(
             return;
         }
     };
+    let _ = shared.poller.set(std::thread::current());
     let _ = ready.send(Ok(()));
     tracing::debug!(
         ?core,
@@ -687,6 +733,7 @@ fn poll_thread(
                         let st = core.peer_id(addr).and_then(|p| core.peer_stats(p).copied());
                         backlog[ep].push_back(Event::Stats(st, driver.io_stats()));
                     }
+                    Cmd::Abort => core.abort_all(now),
                 }
             }
         }
@@ -720,22 +767,32 @@ fn poll_thread(
                 .unwrap_or_else(|e| e.into_inner())
                 .unwrap_or_else(Instant::now);
             if outstanding == 0 || Instant::now() >= until {
-                // What is left fails; each application learns it through its ring.
+                // What is left is aborted: the cores complete every outstanding
+                // request with its buffer, and each application learns it
+                // through its ring.
+                for ep in 0..n_eps {
+                    driver.core(ep).abort_all(now);
+                }
                 let mut aborted = 0;
-                for (ep, eps) in shared.eps.iter().enumerate() {
-                    for (req, _) in ids[ep].iter().flatten() {
-                        aborted += 1;
-                        backlog[ep].push_back(Event::Done {
-                            req: *req,
-                            c: Completed {
-                                buf: Buf::None,
-                                result: Err(Error::ShutDown),
-                            },
-                        });
+                driver.progress(now, &mut |ep, c| {
+                    let (req, c) = completed(c);
+                    if let Some(slot) = ids[ep].get_mut(req.index()) {
+                        *slot = None;
                     }
+                    aborted += 1;
+                    backlog[ep].push_back(Event::Done { req, c });
+                });
+                // A full ring gets a bounded while for its application to drain it.
+                let give_up = Instant::now() + Duration::from_secs(1);
+                for (ep, eps) in shared.eps.iter().enumerate() {
                     while let Some(e) = backlog[ep].pop_front() {
-                        if eps.events.push(e).is_err() {
-                            break;
+                        if let Err(e) = eps.events.push(e) {
+                            backlog[ep].push_front(e);
+                            eps.wake(true);
+                            if Instant::now() >= give_up {
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_micros(100));
                         }
                     }
                     eps.wake(true);
@@ -745,7 +802,7 @@ fn poll_thread(
             }
         }
         if work == 0 && p.idle() && !delivered {
-            backoff.snooze();
+            backoff.snooze(&shared);
         } else {
             backoff.reset();
         }
@@ -763,6 +820,8 @@ pub struct Endpoint {
     shared: Arc<Shared>,
     /// This endpoint's index among the engine's (its rings in `shared.eps`).
     ep: usize,
+    /// Closed: no new requests.
+    closed: bool,
     mode: Mode,
     requests: Requests,
     /// A control reply that arrived while another was awaited.
@@ -794,8 +853,17 @@ impl Endpoint {
         self.local
     }
 
+    /// Hands a command to the polling thread (waking it if it sleeps), or
+    /// gives it back when the ring is full.
+    #[inline]
+    fn push_cmd(&self, cmd: Cmd) -> Result<(), Cmd> {
+        self.shared.eps[self.ep].cmds.push(cmd)?;
+        self.shared.kick();
+        Ok(())
+    }
+
     fn running(&self) -> bool {
-        self.shared.state.load(Ordering::Acquire) == RUNNING
+        !self.closed && self.shared.state.load(Ordering::Acquire) == RUNNING
     }
 
     /// Starts sending `buf` to `dst` with `match_bits`. Registered buffers
@@ -894,9 +962,8 @@ impl Endpoint {
         };
         let taken = match &mut self.mode {
             Mode::Inline(d) => to_core(d.core(0), self.clock.now(), buf, req.0).map(Some),
-            Mode::Thread => self.shared.eps[self.ep]
-                .cmds
-                .push(to_cmd(req, buf))
+            Mode::Thread => self
+                .push_cmd(to_cmd(req, buf))
                 .map(|()| None)
                 .map_err(|c| (Error::WouldBlock, from_cmd(c))),
         };
@@ -1034,19 +1101,15 @@ impl Endpoint {
                 };
                 Ok(d.core(0).cancel(id))
             }
-            Mode::Thread => self.shared.eps[self.ep]
-                .cmds
-                .push(Cmd::Cancel { req })
+            Mode::Thread => self
+                .push_cmd(Cmd::Cancel { req })
                 .map(|()| true)
                 .map_err(|_| Error::WouldBlock),
         }
     }
 
     fn control(&mut self, cmd: Cmd) -> Result<Event, Error> {
-        self.shared.eps[self.ep]
-            .cmds
-            .push(cmd)
-            .map_err(|_| Error::WouldBlock)?;
+        self.push_cmd(cmd).map_err(|_| Error::WouldBlock)?;
         let mut spins = 0;
         loop {
             self.progress();
@@ -1119,33 +1182,69 @@ impl Endpoint {
         }
     }
 
-    /// Closes the endpoint: no new requests, outstanding ones get until
-    /// `deadline` to finish, the rest complete with [`Error::ShutDown`]. In
-    /// inline mode this drives the draining itself and then closes the link.
+    /// Closes the endpoint: no new requests; outstanding ones get until
+    /// `deadline` to finish; the rest are aborted (they complete with
+    /// [`Error::ShutDown`]). Every completion, with its buffer, is in the
+    /// report. Other endpoints of the engine are not affected; the link closes
+    /// when the engine and its endpoints are gone.
     pub fn close(mut self, deadline: Duration) -> ShutdownReport {
+        self.closed = true;
         let pending: Vec<Request> = self.requests.pending().collect();
-        let until = Instant::now() + deadline;
-        let mut report = ShutdownReport::default();
-        if let Mode::Thread = self.mode {
-            *self
-                .shared
-                .drain_until
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(until);
-        }
-        self.shared
-            .state
-            .compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire)
-            .ok();
         let mut spins = 0;
-        while Instant::now() < until && self.requests.pending().next().is_some() {
+        let until = Instant::now() + deadline;
+        let drained = |r: &Requests| pending.iter().all(|&q| r.is_done(q).unwrap_or(true));
+        while Instant::now() < until && !drained(&self.requests) {
             if !self.progress() {
                 self.idle(&mut spins);
             }
         }
+        if !drained(&self.requests) {
+            match &mut self.mode {
+                Mode::Inline(d) => d.core(0).abort_all(self.clock.now()),
+                Mode::Thread => {
+                    let t = Instant::now();
+                    while self.push_cmd(Cmd::Abort).is_err() && t.elapsed() < Duration::from_secs(1)
+                    {
+                        self.progress();
+                    }
+                }
+            }
+            // Aborted requests complete at once (inline) or within a round of
+            // the polling thread; bounded in case the thread is gone.
+            let t = Instant::now();
+            while !drained(&self.requests) && t.elapsed() < Duration::from_secs(1) {
+                if !self.progress() {
+                    self.idle(&mut spins);
+                }
+            }
+        }
+        // Linger until the engine has been idle a moment: an inline engine
+        // acts only while driven, and its last acknowledgements (delayed to be
+        // coalesced) or answers to a peer's late retransmissions would
+        // otherwise never leave, and the peer would end up declaring this
+        // endpoint unreachable with its last sends unfinished.
+        if let Mode::Inline(_) = self.mode {
+            let mut quiet_since = Instant::now();
+            let stop = until.max(quiet_since + LINGER);
+            while Instant::now() < stop {
+                if self.progress() {
+                    quiet_since = Instant::now();
+                } else if quiet_since.elapsed() >= LINGER {
+                    break;
+                }
+            }
+        }
+        let mut report = ShutdownReport::default();
         for r in pending {
             match self.requests.take(r) {
-                Ok(Some(_)) => report.drained += 1,
+                Ok(Some(c)) => {
+                    if matches!(c.result, Err(Error::ShutDown)) {
+                        report.aborted += 1;
+                    } else {
+                        report.drained += 1;
+                    }
+                    report.completed.push((r, c));
+                }
                 _ => report.aborted += 1,
             }
         }

@@ -102,6 +102,15 @@ pub fn receive_all(ep: &mut Endpoint, sizes: &[usize], window: usize) {
     }
 }
 
+/// Keeps driving `ep` until `done` is set: an inline engine acknowledges
+/// only while driven, and the sender's last sends complete only when their
+/// (delayed) acknowledgements have left.
+pub fn drive_until(ep: &mut Endpoint, done: &std::sync::atomic::AtomicBool) {
+    while !done.load(std::sync::atomic::Ordering::Acquire) {
+        ep.progress();
+    }
+}
+
 /// Sends every message to `dst` with up to `window` in flight; registered
 /// buffers from `region` when given.
 pub fn send_all(
