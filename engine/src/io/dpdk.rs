@@ -2,7 +2,7 @@
 
 use dpdk_ffi::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 
-use super::{Frame, IoError, IoStats, Mac, PacketIo, Payload};
+use super::{check_room, Frame, IoError, IoStats, Mac, PacketIo, Payload};
 
 impl Frame for Mbuf {
     fn len(&self) -> usize {
@@ -120,13 +120,7 @@ impl PacketIo for DpdkIo {
     }
 
     fn put<'f>(&mut self, frame: &'f mut Mbuf, len: usize) -> Result<&'f mut [u8], IoError> {
-        let wanted = frame.pkt_len() + len;
-        if wanted > self.max_frame {
-            return Err(IoError::TooLong {
-                wanted,
-                max: self.max_frame,
-            });
-        }
+        check_room(frame.pkt_len(), len, self.max_frame)?;
         Ok(frame.append(len)?)
     }
 
@@ -140,13 +134,7 @@ impl PacketIo for DpdkIo {
     }
 
     fn attach(&mut self, frame: &mut Mbuf, payload: Payload<'_>) -> Result<(), IoError> {
-        let wanted = frame.pkt_len() + payload.len();
-        if wanted > self.max_frame {
-            return Err(IoError::TooLong {
-                wanted,
-                max: self.max_frame,
-            });
-        }
+        check_room(frame.pkt_len(), payload.len(), self.max_frame)?;
         match payload {
             Payload::Registered { buf, offset, len }
                 if self.zero_copy && len >= self.copy_below.max(1) =>

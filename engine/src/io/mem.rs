@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use crossbeam_queue::ArrayQueue;
 
-use super::{Frame, IoError, IoStats, Mac, PacketIo, Payload};
+use super::{check_room, Frame, IoError, IoStats, Mac, PacketIo, Payload};
 
 /// A frame of the in-memory network.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -147,12 +147,7 @@ impl PacketIo for MemIo {
 
     fn put<'f>(&mut self, frame: &'f mut MemFrame, len: usize) -> Result<&'f mut [u8], IoError> {
         let at = frame.0.len();
-        if at + len > self.max_frame {
-            return Err(IoError::TooLong {
-                wanted: at + len,
-                max: self.max_frame,
-            });
-        }
+        check_room(at, len, self.max_frame)?;
         frame.0.resize(at + len, 0);
         Ok(&mut frame.0[at..])
     }
@@ -162,13 +157,7 @@ impl PacketIo for MemIo {
     }
 
     fn attach(&mut self, frame: &mut MemFrame, payload: Payload<'_>) -> Result<(), IoError> {
-        let wanted = frame.0.len() + payload.len();
-        if wanted > self.max_frame {
-            return Err(IoError::TooLong {
-                wanted,
-                max: self.max_frame,
-            });
-        }
+        check_room(frame.0.len(), payload.len(), self.max_frame)?;
         frame.0.extend_from_slice(payload.bytes());
         self.stats.payload_copied += payload.len() as u64;
         Ok(())

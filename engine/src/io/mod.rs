@@ -100,6 +100,18 @@ pub enum IoError {
     Capture(#[from] std::io::Error),
 }
 
+/// Checks that a frame of `len` bytes growing by `add` stays within `max`.
+#[inline]
+pub(crate) fn check_room(len: usize, add: usize, max: usize) -> Result<(), IoError> {
+    match len.checked_add(add) {
+        Some(wanted) if wanted <= max => Ok(()),
+        wanted => Err(IoError::TooLong {
+            wanted: wanted.unwrap_or(usize::MAX),
+            max,
+        }),
+    }
+}
+
 /// Where a frame's payload comes from.
 #[derive(Clone, Copy, Debug)]
 pub enum Payload<'a> {
