@@ -42,6 +42,10 @@ struct Args {
     /// Bytes streamed per bandwidth round and variant, in MiB.
     #[arg(long, default_value_t = 128)]
     bw_mib: usize,
+    /// Link MTU: 1500, or up to 9000 for jumbo frames (fewer frames per
+    /// message, less protocol work per byte).
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
+    mtu: u16,
     /// Skip the bandwidth section.
     #[arg(long)]
     no_bandwidth: bool,
@@ -77,6 +81,7 @@ fn main() {
         bw_bytes: args.bw_mib.max(1) << 20,
         no_bandwidth: args.no_bandwidth,
         hugepages: mode,
+        mtu: args.mtu,
     };
     match pingpong::run(&cfg) {
         Ok(report) => {

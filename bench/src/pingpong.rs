@@ -49,6 +49,8 @@ pub struct Config {
     pub no_bandwidth: bool,
     /// Hugepages or not.
     pub hugepages: HugepageMode,
+    /// Link MTU (jumbo frames where given above 1500).
+    pub mtu: u16,
 }
 
 // What the echo thread does.
@@ -240,18 +242,26 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
         .init()
         .map_err(|e| e.to_string())?;
     let pool =
-        Mempool::new(&eal, "bench", 16383, 256, DEFAULT_DATA_ROOM).map_err(|e| e.to_string())?;
+        Mempool::new(&eal, "bench", 16383, 256, data_room(cfg.mtu)).map_err(|e| e.to_string())?;
     let sock = format!("/tmp/emx-bench-{}.sock", std::process::id());
     let _ = std::fs::remove_file(&sock);
     let pcfg = PortConfig {
         rx_queues: 3,
         tx_queues: 3,
+        mtu: Some(cfg.mtu),
         ..PortConfig::default()
+    };
+    // memif's ring buffers hold 2048 bytes by default: size them for a
+    // whole jumbo frame, so that a frame is one descriptor.
+    let bsize = if cfg.mtu > 1500 {
+        format!(",bsize={}", (usize::from(cfg.mtu) + 14).next_power_of_two())
+    } else {
+        String::new()
     };
     let port = |role: &str, n: u8| {
         Port::from_devargs(
             &eal,
-            &format!("net_memif{n},role={role},socket={sock}"),
+            &format!("net_memif{n},role={role},socket={sock}{bsize}"),
             &pcfg,
             &pool,
         )
@@ -391,7 +401,12 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
                     emx_stream(&mut e1, &region, cfg.bw_msg, cfg.bw_bytes)?;
                 } else {
                     mode.store(BW_RAW, Ordering::Release);
-                    raw_stream(&mut tx, &pool, &frame_of(&a, &b, 1514), cfg.bw_bytes)?;
+                    raw_stream(
+                        &mut tx,
+                        &pool,
+                        &frame_of(&a, &b, usize::from(cfg.mtu) + 14),
+                        cfg.bw_bytes,
+                    )?;
                 }
                 while received.load(Ordering::Acquire) < cfg.bw_bytes as u64 {
                     std::hint::spin_loop();
@@ -483,7 +498,7 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
         Vec::new()
     } else {
         vec![
-            bw_report("raw DPDK frames", 1514, raw_bw),
+            bw_report("raw DPDK frames", usize::from(cfg.mtu) + 14, raw_bw),
             bw_report("emx rendezvous, 0-copy", cfg.bw_msg, emx_bw),
         ]
     };
@@ -496,6 +511,11 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
         bandwidth,
         bandwidth_ratio,
     })
+}
+
+/// An mbuf data room that holds a whole frame of this MTU in one segment.
+fn data_room(mtu: u16) -> u16 {
+    DEFAULT_DATA_ROOM.max(mtu.saturating_add(18 + 128))
 }
 
 fn frame_of(a: &Port, b: &Port, len: usize) -> Vec<u8> {

@@ -208,6 +208,16 @@ impl Port {
                     inner.name, info.min_mtu, info.max_mtu
                 )));
             }
+            // Some drivers claim a larger max_mtu than the frames they take
+            // (memif in 22.11: max_rx_pktlen 1518); the frame size decides.
+            if u32::from(mtu) + 18 > info.max_rx_pktlen {
+                return Err(Error::Config(format!(
+                    "port {id} ({}) takes frames up to {} bytes, so an MTU of at most {}; asked for {mtu}",
+                    inner.name,
+                    info.max_rx_pktlen,
+                    info.max_rx_pktlen.saturating_sub(18)
+                )));
+            }
             let frame = usize::from(mtu) + 18;
             let room = usize::from(pool.data_room()) - sys::RTE_PKTMBUF_HEADROOM as usize;
             let scatter = info.rx_offload_capa & sys::RTE_ETH_RX_OFFLOAD_SCATTER != 0;
