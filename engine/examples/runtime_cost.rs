@@ -3,7 +3,7 @@
 //! two inline engines on an in-memory network, driven by one thread. Compare
 //! with `proto_cost` (the core alone) to see what the runtime adds.
 //!
-//! `cargo run --release -p emx --example runtime_cost`
+//! `cargo run --release -p emx --example runtime_cost [round trips per run]`
 
 use std::time::Instant;
 
@@ -40,7 +40,10 @@ fn main() {
 
     let mut results = Vec::new();
     for _ in 0..5 {
-        let n = 200_000;
+        let n: u32 = std::env::args()
+            .nth(1)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(200_000);
         let t0 = Instant::now();
         let mut sbuf = Some(SendBuf::Owned(vec![1u8; 8]));
         let mut rbuf = Some(RecvBuf::Owned(vec![0u8; 8]));
@@ -100,7 +103,7 @@ fn main() {
     results.sort_by(f64::total_cmp);
     println!("emx runtime cost: one 8-byte round trip (2 messages, both sides, one thread, in-memory link)");
     println!(
-        "best {:.0} ns, median {:.0} ns per round trip (5 runs of 200,000)",
+        "best {:.0} ns, median {:.0} ns per round trip (5 runs)",
         results[0], results[2]
     );
 }

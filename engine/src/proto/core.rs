@@ -1301,6 +1301,8 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
     /// When `buf` is shorter than [`FRAME_HEADER_LEN`].
     #[must_use]
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        // (the runtime checks `may_transmit` first so as not to prepare a
+        // frame buffer on every idle poll)
         assert!(buf.len() >= FRAME_HEADER_LEN, "transmit buffer too small");
         while let Some(&p) = self.ready.front() {
             // Sending arms timers; finding nothing to send may mark a stall, which
@@ -1318,6 +1320,15 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
             self.peers[p as usize].in_ready = false;
         }
         None
+    }
+
+    /// False when [`poll_transmit`](Self::poll_transmit) certainly has no frame to
+    /// give (no peer has work queued), so a caller can skip preparing a frame
+    /// buffer for it. True may still yield nothing.
+    #[must_use]
+    #[inline]
+    pub fn may_transmit(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     fn base_header(&self, p: &Peer, ft: FrameType) -> Header {

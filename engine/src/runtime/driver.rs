@@ -262,7 +262,9 @@ impl<L: PacketIo> Driver<L> {
         // Out: build frames in place, core by core, until none has more or the
         // backlog for a full link is reached.
         'cores: for i in 0..self.cores.len() {
-            while self.tx.len() < TX_BACKLOG {
+            // Preparing a frame costs an allocation and a header's room:
+            // skip it on the (common) idle poll.
+            while self.tx.len() < TX_BACKLOG && self.cores[i].may_transmit() {
                 let mut f = match self.spare.take() {
                     Some(f) => f,
                     None => match self.io.alloc() {
