@@ -660,8 +660,7 @@ fn poll_thread(
     // cancel), and the events its ring had no room for (bounded by the
     // requests outstanding, each completing once, plus one reply per control
     // command).
-    let mut ids: Vec<Vec<Option<(Request, crate::proto::RequestId)>>> =
-        vec![vec![None; max_requests]; n_eps];
+    let mut ids: CoreIds = vec![vec![None; max_requests]; n_eps];
     let mut backlog: Vec<VecDeque<Event>> =
         (0..n_eps).map(|_| VecDeque::with_capacity(BURST)).collect();
     let mut backoff = Backoff::new(spin);
@@ -738,12 +737,8 @@ fn poll_thread(
             }
         }
         let p = driver.progress(now, &mut |ep, c| {
-            let (req, c) = completed(c);
-            if let Some(slot) = ids[ep].get_mut(req.index()) {
-                *slot = None;
-            }
             outstanding = outstanding.saturating_sub(1);
-            backlog[ep].push_back(Event::Done { req, c });
+            file_completion(&mut ids, &mut backlog, ep, c);
         });
         let mut delivered = false;
         for (ep, eps) in shared.eps.iter().enumerate() {
@@ -775,12 +770,8 @@ fn poll_thread(
                 }
                 let mut aborted = 0;
                 driver.progress(now, &mut |ep, c| {
-                    let (req, c) = completed(c);
-                    if let Some(slot) = ids[ep].get_mut(req.index()) {
-                        *slot = None;
-                    }
                     aborted += 1;
-                    backlog[ep].push_back(Event::Done { req, c });
+                    file_completion(&mut ids, &mut backlog, ep, c);
                 });
                 // A full ring gets a bounded while for its application to drain it.
                 let give_up = Instant::now() + Duration::from_secs(1);
@@ -807,6 +798,24 @@ fn poll_thread(
             backoff.reset();
         }
     }
+}
+
+/// The polling thread's record of each request's core id, per endpoint.
+type CoreIds = Vec<Vec<Option<(Request, crate::proto::RequestId)>>>;
+
+/// Files a completion for its endpoint: forgets the request's core id and
+/// queues the event for the endpoint's ring.
+fn file_completion(
+    ids: &mut CoreIds,
+    backlog: &mut [VecDeque<Event>],
+    ep: usize,
+    c: Completion<SendBuf, RecvBuf>,
+) {
+    let (req, c) = completed(c);
+    if let Some(slot) = ids[ep].get_mut(req.index()) {
+        *slot = None;
+    }
+    backlog[ep].push_back(Event::Done { req, c });
 }
 
 enum Mode {
@@ -1132,13 +1141,12 @@ impl Endpoint {
         mask: u64,
     ) -> Result<Option<ProbeInfo>, Error> {
         match &mut self.mode {
-            Mode::Inline(d) => {
-                let now = self.clock.now();
-                let requests = &mut self.requests;
-                d.progress(now, &mut |_, c| {
-                    let (req, c) = completed(c);
-                    requests.complete(req, c);
-                });
+            Mode::Inline(_) => {
+                // Frames waiting in the link may hold the message probed for.
+                self.progress();
+                let Mode::Inline(d) = &mut self.mode else {
+                    unreachable!("matched above")
+                };
                 Ok(d.core(0).probe(src, match_bits, mask))
             }
             Mode::Thread => match self.control(Cmd::Probe {

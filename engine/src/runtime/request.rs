@@ -31,8 +31,6 @@ pub enum Buf {
     Send(SendBuf),
     /// A receive's buffer.
     Recv(RecvBuf),
-    /// Lost: the engine shut down with the request outstanding.
-    None,
 }
 
 /// A finished request: its buffer, and what happened.
