@@ -237,7 +237,6 @@ impl Port {
         if inner.multi_seg_tx {
             conf.txmode.offloads |= sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
         }
-        let inner_ref = &mut inner;
         // SAFETY: valid port id and configuration; the port is stopped.
         unsafe { sys::rte_eth_dev_configure(id, cfg.rx_queues, cfg.tx_queues, &conf) }
             .check("rte_eth_dev_configure")?;
@@ -271,11 +270,11 @@ impl Port {
         let mut mac = sys::rte_ether_addr::default();
         // SAFETY: valid port; mac is writable.
         unsafe { sys::rte_eth_macaddr_get(id, &mut mac) }.check("rte_eth_macaddr_get")?;
-        inner_ref.mac = mac.addr_bytes;
+        inner.mac = mac.addr_bytes;
         let mut mtu = 0u16;
         // SAFETY: valid port; mtu is writable.
         unsafe { sys::rte_eth_dev_get_mtu(id, &mut mtu) }.check("rte_eth_dev_get_mtu")?;
-        inner_ref.mtu = mtu;
+        inner.mtu = mtu;
         Ok(Port(Arc::new(inner)))
     }
 
