@@ -10,7 +10,7 @@
 //! It is test and measurement scaffolding: it allocates freely and copies payload (the
 //! runtime attaches it zero-copy instead). It must not be used on a data path.
 
-use crate::proto::{Core, Time};
+use crate::proto::{Core, RecvBuffer, Time};
 use crate::wire::MacAddr;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -128,14 +128,14 @@ impl Ord for InFlight {
     }
 }
 
-struct Node<S: AsRef<[u8]>, R: AsMut<[u8]>> {
+struct Node<S: AsRef<[u8]>, R: RecvBuffer> {
     core: Core<S, R>,
     up: bool,
     tx_free_at: Time,
 }
 
 /// Several cores on one simulated switch.
-pub struct Sim<S: AsRef<[u8]>, R: AsMut<[u8]>> {
+pub struct Sim<S: AsRef<[u8]>, R: RecvBuffer> {
     now: Time,
     nodes: Vec<Node<S, R>>,
     queue: BinaryHeap<Reverse<InFlight>>,
@@ -148,7 +148,7 @@ pub struct Sim<S: AsRef<[u8]>, R: AsMut<[u8]>> {
     blocked: Vec<(usize, usize)>,
 }
 
-impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Sim<S, R> {
+impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
     /// An empty switch with this link model, at time zero.
     pub fn new(link: LinkConfig) -> Self {
         Sim {

@@ -201,3 +201,85 @@ fn registered_send_is_not_copied_nor_released_before_ack() {
     );
     assert_eq!(io.payload_attached, 100 + 40_000 + (3 << 20));
 }
+
+/// A lending receive takes a one-frame message in the mbuf it arrived in (no
+/// copy); the mbuf goes back to the pool when the message is dropped. Other
+/// messages come back copied, and a rendezvous one truncated.
+#[test]
+fn eager_receive_lends_the_mbuf() {
+    use emx::runtime::RecvBuf;
+    let eal = eal();
+    let pool = pool(&eal, "lend");
+    let (pa, pb) = memif_pair(&eal, &pool);
+    let mut ea = Engine::start(
+        &config(1, 2, pb.mac(), ProgressMode::Inline),
+        DpdkIo::new(&pa, 0, &pool).unwrap(),
+    )
+    .unwrap();
+    let mut eb = Engine::start(
+        &config(2, 1, pa.mac(), ProgressMode::Inline),
+        DpdkIo::new(&pb, 0, &pool).unwrap(),
+    )
+    .unwrap();
+    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    let exchange = |a: &mut emx::runtime::Endpoint,
+                    b: &mut emx::runtime::Endpoint,
+                    len: usize,
+                    bits: u64,
+                    post_first: bool| {
+        let data: Vec<u8> = (0..len).map(|j| byte(bits, j)).collect();
+        let mut r = post_first.then(|| b.irecv_lent(None, bits, u64::MAX).unwrap());
+        let s = a.isend(Addr::new(2, 0), bits, data.clone()).unwrap();
+        let (mut sent, mut got) = (None, None);
+        while sent.is_none() || got.is_none() {
+            a.progress();
+            b.progress();
+            if r.is_none() && b.probe(None, bits, u64::MAX).unwrap().is_some() {
+                r = Some(b.irecv_lent(None, bits, u64::MAX).unwrap());
+            }
+            if sent.is_none() {
+                sent = a.test(s).unwrap();
+            }
+            if let (None, Some(r)) = (&got, r) {
+                got = b.test(r).unwrap();
+            }
+        }
+        sent.unwrap().into_send().unwrap();
+        let (buf, info) = got.unwrap().into_recv().unwrap();
+        (data, buf, info)
+    };
+    // Warm up the session, so that every later message finds its receive posted.
+    exchange(&mut a, &mut b, 1, 99, true);
+
+    let mut held = Vec::new();
+    for (k, len) in [0usize, 1, 8, 64, 1000, 1400].into_iter().enumerate() {
+        let (data, buf, info) = exchange(&mut a, &mut b, len, k as u64, true);
+        assert!(matches!(buf, RecvBuf::Lent(_)), "{len} B lent: {buf:?}");
+        assert_eq!(buf.as_ref(), &data[..], "{len} B");
+        assert_eq!((info.copied, info.truncated), (len as u64, false));
+        held.push(buf);
+    }
+    let before = pool.in_use();
+    let n = held.len() as u32;
+    drop(held);
+    assert_eq!(before - pool.in_use(), n, "each lent message held one mbuf");
+
+    // Arrived before the receive was posted: copied out of the unexpected store.
+    let (data, buf, _) = exchange(&mut a, &mut b, 700, 20, false);
+    assert!(
+        matches!(&buf, RecvBuf::Owned(v) if v[..] == data[..]),
+        "{buf:?}"
+    );
+    // Spans frames: copied.
+    let (data, buf, _) = exchange(&mut a, &mut b, 20_000, 21, true);
+    assert!(matches!(&buf, RecvBuf::Owned(v) if v[..] == data[..]));
+    // Rendezvous: truncated to the eager threshold.
+    let (data, buf, info) = exchange(&mut a, &mut b, 100_000, 22, true);
+    let eager = emx::proto::CoreConfig::default().eager_threshold as usize;
+    assert!(info.truncated && info.msg_len == 100_000);
+    assert_eq!(buf.as_ref(), &data[..eager]);
+    drop((a, b));
+    ea.shutdown(Duration::from_millis(100)).unwrap();
+    eb.shutdown(Duration::from_millis(100)).unwrap();
+    assert_eq!(pool.in_use(), 0, "no mbuf leaked");
+}

@@ -2,7 +2,7 @@
 
 use dpdk_ffi::{Mbuf, Mempool, Port, RxQueue, TxQueue};
 
-use super::{check_room, Frame, IoError, IoStats, Mac, PacketIo, Payload};
+use super::{check_room, Frame, IoError, IoStats, Lent, LentFrame, Mac, PacketIo, Payload};
 
 impl Frame for Mbuf {
     fn len(&self) -> usize {
@@ -22,6 +22,9 @@ impl Frame for Mbuf {
             return None;
         }
         self.data_mut().ok()
+    }
+    fn into_lent(self, offset: usize, len: usize) -> Lent {
+        Lent::new(LentFrame::Mbuf(self), offset, len)
     }
 }
 

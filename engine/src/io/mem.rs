@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use crossbeam_queue::ArrayQueue;
 
-use super::{check_room, Frame, IoError, IoStats, Mac, PacketIo, Payload};
+use super::{check_room, Frame, IoError, IoStats, Lent, LentFrame, Mac, PacketIo, Payload};
 
 /// A frame of the in-memory network.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -25,6 +25,9 @@ impl Frame for MemFrame {
     }
     fn bytes_mut(&mut self) -> Option<&mut [u8]> {
         Some(&mut self.0)
+    }
+    fn into_lent(self, offset: usize, len: usize) -> Lent {
+        Lent::new(LentFrame::Bytes(self.0), offset, len)
     }
 }
 

@@ -169,6 +169,80 @@ pub trait Frame {
     /// The bytes to modify in place, when the frame owns them (one direct
     /// segment); used to corrupt frames on purpose.
     fn bytes_mut(&mut self) -> Option<&mut [u8]>;
+    /// Keeps this (contiguous) frame for the application, which reads bytes
+    /// `offset..offset + len` of it in place.
+    ///
+    /// # Panics
+    /// When the range is not within [`contiguous`](Frame::contiguous).
+    fn into_lent(self, offset: usize, len: usize) -> Lent;
+}
+
+/// A message lent to the application in the frame it arrived in: no byte was
+/// copied. The frame goes back to its link's pool when this is dropped, so a
+/// lent message should not be kept long: each holds one of the port's receive
+/// buffers.
+pub struct Lent {
+    frame: LentFrame,
+    offset: usize,
+    len: usize,
+}
+
+enum LentFrame {
+    Mbuf(dpdk_ffi::Mbuf),
+    Bytes(Vec<u8>),
+}
+
+impl Lent {
+    fn new(frame: LentFrame, offset: usize, len: usize) -> Lent {
+        let l = Lent { frame, offset, len };
+        assert!(
+            offset + len <= l.frame_bytes().len(),
+            "lent range {offset}+{len} beyond the frame"
+        );
+        l
+    }
+
+    fn frame_bytes(&self) -> &[u8] {
+        match &self.frame {
+            LentFrame::Mbuf(m) => m.data(),
+            LentFrame::Bytes(b) => b,
+        }
+    }
+
+    /// The message.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.frame_bytes()[self.offset..self.offset + self.len]
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty message.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::ops::Deref for Lent {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::fmt::Debug for Lent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.frame {
+            LentFrame::Mbuf(_) => "mbuf",
+            LentFrame::Bytes(_) => "bytes",
+        };
+        f.debug_struct("Lent")
+            .field("frame", &kind)
+            .field("len", &self.len)
+            .finish()
+    }
 }
 
 /// Counters kept by every seam implementation.

@@ -39,6 +39,7 @@ use super::matching::{eager_charge, matches, rts_charge, Store, MSG_OVERHEAD};
 use super::peer::Peer;
 use super::slab::{id_map, FreeList, IdMap, Links, List, MinTree, NIL};
 use super::stats::{CoreStats, PeerInfo, PeerStats};
+use super::RecvBuffer;
 use super::{
     Addr, ChecksumMode, ConfigError, CoreConfig, PeerError, PeerId, RecvError, Rejected,
     RequestError, RequestId, SendError, Time,
@@ -286,7 +287,7 @@ pub(crate) fn msg_key(peer: u16, msg_id: u32) -> u64 {
 /// assert!(tx.payload.is_none());
 /// # let _ = req;
 /// ```
-pub struct Core<S: AsRef<[u8]>, R: AsMut<[u8]>> {
+pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     pub(crate) cfg: CoreConfig,
     pub(crate) local: Addr,
     pub(crate) mac: MacAddr,
@@ -337,9 +338,26 @@ pub struct Core<S: AsRef<[u8]>, R: AsMut<[u8]>> {
 
     pub(crate) completions: VecDeque<Completion<S, R>>,
     pub(crate) stats: CoreStats,
+
+    /// Inside [`handle_frame_lending`](Self::handle_frame_lending): the
+    /// frame's address, so that a lent payload's offset can be given.
+    pub(crate) lend_base: Option<usize>,
+    /// The frame's payload was lent to a receive.
+    pub(crate) lent: Option<Lend>,
 }
 
-impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+/// A frame's payload lent to a receive (see [`Core::handle_frame_lending`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lend {
+    /// The receive that completed with this payload as its message.
+    pub req: RequestId,
+    /// Where the message starts in the frame.
+    pub offset: usize,
+    /// Its length.
+    pub len: usize,
+}
+
+impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Creates a core for endpoint `local` with Ethernet address `mac`, in session epoch
     /// `epoch` (non-zero, and higher than any epoch this endpoint had before). Every table
     /// is allocated here, sized by `cfg`; nothing is allocated afterwards. `now` is the
@@ -443,6 +461,8 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
             frames: vec![TxFrame::EMPTY; n_frames],
             frame_free: FreeList::new(n_frames),
             frame_links: Links::new(n_frames),
+            lend_base: None,
+            lent: None,
             completions: VecDeque::with_capacity(cfg.max_sends + cfg.max_recvs),
             stats: CoreStats::default(),
             cfg,
@@ -659,7 +679,11 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
                 buf,
             });
         };
-        let buf_len = buf.as_mut().len() as u64;
+        let buf_len = if buf.lends() {
+            self.cfg.eager_threshold
+        } else {
+            buf.as_mut().len() as u64
+        };
         let slot = &mut self.recvs[r as usize];
         slot.buf = Some(buf);
         slot.buf_len = buf_len;
@@ -1016,6 +1040,29 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
     /// and dropped (the reason is returned too); it never panics and leaves the protocol
     /// state as it was.
     pub fn handle_frame(&mut self, now: Time, frame: &[u8]) -> Result<(), DropReason> {
+        self.handle_frame_inner(now, frame)
+    }
+
+    /// [`handle_frame`](Self::handle_frame) for a caller that can keep the
+    /// frame: when it completes a lending receive (see [`RecvBuffer`]) with a
+    /// one-frame eager message, the message is not copied and the answer says
+    /// which receive it was and where its bytes lie in `frame`. The receive's
+    /// completion is queued already, with the lending buffer; the caller
+    /// keeps the frame and hands it over in that buffer's place.
+    pub fn handle_frame_lending(
+        &mut self,
+        now: Time,
+        frame: &[u8],
+    ) -> Result<Option<Lend>, DropReason> {
+        self.lend_base = Some(frame.as_ptr() as usize);
+        let r = self.handle_frame_inner(now, frame);
+        self.lend_base = None;
+        let lent = self.lent.take();
+        r.map(|()| lent)
+    }
+
+    #[inline]
+    fn handle_frame_inner(&mut self, now: Time, frame: &[u8]) -> Result<(), DropReason> {
         let f = match Frame::new_checked(frame) {
             Ok(f) => f,
             Err(r) => {

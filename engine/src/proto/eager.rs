@@ -8,13 +8,15 @@
 //! takes a fast path with no envelope at all. This module copies payload (into the
 //! store or the receive buffer) but never on the send side.
 
+use super::core::Lend;
 use super::core::{msg_key, Core, MsgState, RecvState};
 use super::matching::eager_charge;
 use super::slab::NIL;
-use super::Time;
+use super::RecvBuffer;
+use super::{RequestId, Time};
 use crate::wire::{DropReason, Header};
 
-impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Checks a new EAGER fragment against the state, changing nothing.
     pub(crate) fn check_eager(&self, p: u16, h: &Header) -> Result<(), DropReason> {
         if h.msg_len > self.cfg.eager_threshold {
@@ -74,9 +76,25 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
             if r != NIL {
                 self.recv_links.remove(&mut self.posted, r);
                 let slot = &mut self.recvs[r as usize];
-                let n = (slot.buf_len as usize).min(payload.len());
-                let buf = slot.buf.as_mut().expect("posted receive").as_mut();
-                buf[..n].copy_from_slice(&payload[..n]);
+                let buf = slot.buf.as_mut().expect("posted receive");
+                let n = if !buf.lends() {
+                    let n = (slot.buf_len as usize).min(payload.len());
+                    buf.as_mut()[..n].copy_from_slice(&payload[..n]);
+                    n
+                } else if let Some(base) = self.lend_base {
+                    // The caller keeps the frame: no copy.
+                    self.lent = Some(Lend {
+                        req: RequestId::recv(r, slot.gen),
+                        offset: payload.as_ptr() as usize - base,
+                        len: payload.len(),
+                    });
+                    payload.len()
+                } else {
+                    buf.fit(payload.len());
+                    buf.as_mut().copy_from_slice(payload);
+                    slot.buf_len = payload.len() as u64;
+                    payload.len()
+                };
                 slot.state = RecvState::Active;
                 let info = super::RecvInfo {
                     src: self.peers[p as usize].addr,

@@ -17,6 +17,7 @@
 
 use super::core::{msg_key, Core, InMsg, MsgState, RecvState, NO_PEER};
 use super::slab::{FreeList, NIL};
+use super::RecvBuffer;
 use super::Time;
 
 /// Size of one store chunk.
@@ -118,7 +119,7 @@ impl Store {
 }
 
 // Matching against the core's queues: envelopes, the posted and unexpected queues, binding.
-impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Allocates an envelope for a new message from `p` (not matchable yet).
     pub(crate) fn new_msg(
         &mut self,
@@ -208,6 +209,14 @@ impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
     pub(crate) fn bind(&mut self, now: Time, m: u32, r: u32) {
         let msg = self.msgs[m as usize];
         let slot = &mut self.recvs[r as usize];
+        let buf = slot.buf.as_mut().expect("live receive");
+        if buf.lends() {
+            // No frame to lend (the message is stored, spans frames, or is a
+            // rendezvous): room for what it can take, which is bounded.
+            let len = msg.len.min(self.cfg.eager_threshold);
+            buf.fit(len as usize);
+            slot.buf_len = len;
+        }
         slot.state = RecvState::Active;
         slot.msg = m;
         let engage = slot.inv_peer == NO_PEER;

@@ -51,10 +51,40 @@ mod slab;
 pub mod stats;
 
 pub use self::core::{
-    Completion, Core, PayloadRef, ProbeInfo, RecvDone, RecvInfo, SendDone, Transmit,
+    Completion, Core, Lend, PayloadRef, ProbeInfo, RecvDone, RecvInfo, SendDone, Transmit,
 };
 pub use self::stats::{CoreStats, PeerInfo, PeerStats};
 pub use crate::wire::{DropReason, MacAddr};
+
+/// What the core needs of a receive buffer: room to copy a message into, and
+/// optionally the wish to borrow the frame instead.
+///
+/// An ordinary buffer (`Vec<u8>`, a registered region) is written in place
+/// and its length bounds what is received. A *lending* buffer
+/// ([`lends`](RecvBuffer::lends) true) holds no room of its own: it takes
+/// messages up to the eager threshold, and a one-frame eager message that
+/// arrives for it after it was posted is not copied at all. The core reports
+/// such a frame from [`Core::handle_frame_lending`], and the caller keeps the
+/// frame and hands it to the application with the completion. Any other
+/// message (it arrived before the receive, spans frames, or the caller could
+/// not keep the frame) is copied after [`fit`](RecvBuffer::fit) made room for
+/// it; a rendezvous message is truncated to the eager threshold.
+pub trait RecvBuffer: AsMut<[u8]> {
+    /// Whether this buffer would rather borrow the frame than have the
+    /// message copied into it.
+    fn lends(&self) -> bool {
+        false
+    }
+    /// Called on a lending buffer before a message of `len` bytes (at most
+    /// the eager threshold) is copied into it: after it, `as_mut()` must be
+    /// exactly `len` bytes long.
+    fn fit(&mut self, len: usize) {
+        let _ = len;
+    }
+}
+
+impl RecvBuffer for Vec<u8> {}
+impl RecvBuffer for Box<[u8]> {}
 
 use ::core::fmt;
 use ::core::ops::{Add, Sub};

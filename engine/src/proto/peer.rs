@@ -11,6 +11,7 @@ use super::core::{msg_key, Core, MsgState, NO_PEER};
 use super::reliability::{RecvWindow, RttEstimator};
 use super::slab::{List, NIL};
 use super::stats::PeerStats;
+use super::RecvBuffer;
 use super::RequestError;
 use super::{Addr, Time};
 use crate::wire::MacAddr;
@@ -169,7 +170,7 @@ impl Peer {
 }
 // Session lifecycle and liveness, driven by the core: involvement, deadlines, failing a
 // peer's requests and starting its session over.
-impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Counts one more request that involves peer `p` (its silence now matters).
     // Always inlined: the common case is two loads and an add, on every send.
     #[inline(always)]

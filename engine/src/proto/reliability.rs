@@ -19,6 +19,7 @@
 
 use super::core::Core;
 use super::slab::NIL;
+use super::RecvBuffer;
 use super::Time;
 use crate::wire::{DropReason, FrameType, Header};
 use core::time::Duration;
@@ -153,7 +154,7 @@ pub fn seq_lt(a: u32, b: u32) -> bool {
 
 // The sender's half: acks in, loss detection, retransmission timeout. The frame
 // records live in the core's tables, so this half is written against the core.
-impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// An ack that acknowledges frames never sent is a lie.
     pub(crate) fn check_ack(&self, p: u16, h: &Header) -> Result<(), DropReason> {
         let peer = &self.peers[p as usize];

@@ -19,10 +19,11 @@
 use super::core::{msg_key, Core, MsgState, TxFrame};
 use super::matching::rts_charge;
 use super::slab::NIL;
+use super::RecvBuffer;
 use super::Time;
 use crate::wire::{DropReason, FrameType, Header};
 
-impl<S: AsRef<[u8]>, R: AsMut<[u8]>> Core<S, R> {
+impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     pub(crate) fn check_rts(&self, p: u16, h: &Header) -> Result<(), DropReason> {
         let peer = &self.peers[p as usize];
         if self.msg_map.contains_key(&msg_key(p, h.msg_id))

@@ -3,12 +3,14 @@
 //! A send is either from registered memory ([`SendBuf::Registered`]: frames
 //! point into it, no byte is copied) or from ordinary memory
 //! ([`SendBuf::Owned`]: each frame's payload is copied into the frame, because
-//! a NIC can only reach registered memory). A receive always copies into its
-//! buffer, which may be either kind.
+//! a NIC can only reach registered memory). A receive copies into its
+//! buffer, which may be either kind, or ([`RecvBuf::Lending`]) takes a small
+//! message without a copy, in the frame it arrived in ([`RecvBuf::Lent`]).
 
 use dpdk_ffi::ExtBuf;
 
-use crate::io::Payload;
+use crate::io::{Lent, Payload};
+use crate::proto::RecvBuffer;
 
 /// The buffer of a send.
 #[derive(Debug)]
@@ -57,15 +59,38 @@ pub enum RecvBuf {
     Owned(Vec<u8>),
     /// Registered memory (no frame may refer to it while it receives).
     Registered(ExtBuf),
+    /// No memory: a receive that borrows the frame. It takes messages up to
+    /// the eager threshold (a longer one is truncated to it). A one-frame
+    /// message comes back as [`RecvBuf::Lent`], with no copy; any other (one
+    /// that arrived before the receive was posted, or spans frames) comes
+    /// back copied into a [`RecvBuf::Owned`] of its length.
+    Lending,
+    /// A message in the frame it arrived in (see [`Lent`]). Read it with
+    /// `as_ref()`; dropping it gives the frame back to the port.
+    Lent(Lent),
 }
 
 impl RecvBuf {
-    /// Whether the buffer can be written now (a registered buffer that frames
-    /// still refer to cannot).
+    /// Whether the buffer can be posted to receive now (a registered buffer
+    /// that frames still refer to cannot, nor can a lent message).
     pub fn writable(&mut self) -> bool {
         match self {
-            RecvBuf::Owned(_) => true,
+            RecvBuf::Owned(_) | RecvBuf::Lending => true,
             RecvBuf::Registered(b) => b.as_mut_slice().is_some(),
+            RecvBuf::Lent(_) => false,
+        }
+    }
+}
+
+impl RecvBuffer for RecvBuf {
+    #[inline]
+    fn lends(&self) -> bool {
+        matches!(self, RecvBuf::Lending)
+    }
+
+    fn fit(&mut self, len: usize) {
+        if self.lends() {
+            *self = RecvBuf::Owned(vec![0; len]);
         }
     }
 }
@@ -77,6 +102,7 @@ impl AsMut<[u8]> for RecvBuf {
             RecvBuf::Registered(b) => b
                 .as_mut_slice()
                 .expect("a registered receive buffer is checked writable when posted, and only the receive writes it"),
+            RecvBuf::Lending | RecvBuf::Lent(_) => &mut [],
         }
     }
 }
@@ -86,6 +112,8 @@ impl AsRef<[u8]> for RecvBuf {
         match self {
             RecvBuf::Owned(v) => v,
             RecvBuf::Registered(b) => b.as_slice(),
+            RecvBuf::Lending => &[],
+            RecvBuf::Lent(l) => l,
         }
     }
 }

@@ -6,8 +6,8 @@
 
 use std::time::Instant;
 
-use crate::io::{Frame, IoStats, PacketIo};
-use crate::proto::{Completion, Core, Time};
+use crate::io::{Frame, IoStats, Lent, PacketIo};
+use crate::proto::{Completion, Core, RequestId, Time};
 use crate::wire::FRAME_HEADER_LEN;
 
 use super::buffer::{RecvBuf, SendBuf};
@@ -123,6 +123,8 @@ pub struct Driver<L: PacketIo> {
     spare: Option<L::Frame>,
     /// For frames that arrive in several segments (jumbo frames on small mbufs).
     linear: Vec<u8>,
+    /// Frames lent to receives in this round, until their completions leave.
+    lent: Vec<(usize, RequestId, Lent)>,
     /// Frames that could not be built (no buffer, payload refused).
     build_failures: u64,
 }
@@ -167,6 +169,7 @@ impl<L: PacketIo> Driver<L> {
             tx: Vec::with_capacity(TX_BACKLOG + BURST),
             spare: None,
             linear: Vec::new(),
+            lent: Vec::with_capacity(BURST),
             build_failures: 0,
         }
     }
@@ -237,20 +240,19 @@ impl<L: PacketIo> Driver<L> {
             ..Progress::default()
         };
         for f in self.rx.drain(..) {
-            let bytes = match f.contiguous() {
-                Some(bytes) => bytes,
-                None => {
-                    f.copy_to(&mut self.linear);
-                    &self.linear
-                }
+            let Some(bytes) = f.contiguous() else {
+                // Several segments: the core reads a copy, and nothing is lent.
+                f.copy_to(&mut self.linear);
+                let i = route(&self.route, &self.linear, self.ethertype);
+                let _ = self.cores[i].handle_frame(now, &self.linear);
+                continue;
             };
-            let i = match wire_peek(bytes, self.ethertype) {
-                Some(ep) if self.route[usize::from(ep)] != NO_CORE => {
-                    usize::from(self.route[usize::from(ep)])
-                }
-                _ => 0,
-            };
-            let _ = self.cores[i].handle_frame(now, bytes);
+            let i = route(&self.route, bytes, self.ethertype);
+            if let Ok(Some(lend)) = self.cores[i].handle_frame_lending(now, bytes) {
+                // A lending receive took the message: it leaves in the frame.
+                self.lent
+                    .push((i, lend.req, f.into_lent(lend.offset, lend.len)));
+            }
         }
 
         for core in &mut self.cores {
@@ -305,17 +307,42 @@ impl<L: PacketIo> Driver<L> {
         }
 
         for (i, core) in self.cores.iter_mut().enumerate() {
-            while let Some(c) = core.poll_completion() {
+            while let Some(mut c) = core.poll_completion() {
                 p.completed += 1;
+                if !self.lent.is_empty() {
+                    give_lent(&mut self.lent, i, &mut c);
+                }
                 on_completion(i, c);
             }
         }
+        debug_assert!(self.lent.is_empty(), "a lent frame without its completion");
         p
     }
 }
 
-/// The destination endpoint of a frame, if it looks like an emx frame.
+/// Puts the frame lent to a receive in the place of its lending buffer.
+fn give_lent(
+    lent: &mut Vec<(usize, RequestId, Lent)>,
+    core: usize,
+    c: &mut Completion<SendBuf, RecvBuf>,
+) {
+    let Completion::Recv(d) = c else { return };
+    if !matches!(d.buf, RecvBuf::Lending) {
+        return;
+    }
+    if let Some(k) = lent
+        .iter()
+        .position(|(i, req, _)| *i == core && *req == d.req)
+    {
+        d.buf = RecvBuf::Lent(lent.swap_remove(k).2);
+    }
+}
+
+/// The core a frame goes to: its destination endpoint's, or the first.
 #[inline]
-fn wire_peek(frame: &[u8], ethertype: u16) -> Option<u8> {
-    crate::wire::peek_dst(frame, ethertype).map(|(_, ep)| ep)
+fn route(route: &[u8; 256], frame: &[u8], ethertype: u16) -> usize {
+    match crate::wire::peek_dst(frame, ethertype) {
+        Some((_, ep)) if route[usize::from(ep)] != NO_CORE => usize::from(route[usize::from(ep)]),
+        _ => 0,
+    }
 }

@@ -942,6 +942,30 @@ impl Endpoint {
         )
     }
 
+    /// Posts a receive that borrows the frame instead of copying (see
+    /// [`RecvBuf::Lending`]): a message that fits one frame and arrives after
+    /// this call completes with [`RecvBuf::Lent`], read in place from the
+    /// port's receive buffer, which goes back to the port when it is dropped.
+    /// Other messages up to the eager threshold come back copied
+    /// ([`RecvBuf::Owned`]); longer ones are truncated to it.
+    ///
+    /// ```no_run
+    /// # fn f(ep: &mut emx::runtime::Endpoint) -> Result<(), emx::runtime::Error> {
+    /// let req = ep.irecv_lent(None, 0x42, u64::MAX).map_err(|r| r.error)?;
+    /// let (msg, info) = ep.wait(req)?.into_recv()?;
+    /// assert_eq!(msg.as_ref().len() as u64, info.copied);
+    /// drop(msg); // the frame goes back to the port
+    /// # Ok(()) }
+    /// ```
+    pub fn irecv_lent(
+        &mut self,
+        src: Option<Addr>,
+        match_bits: u64,
+        mask: u64,
+    ) -> Result<Request, Refused<RecvBuf>> {
+        self.irecv(src, match_bits, mask, RecvBuf::Lending)
+    }
+
     /// Takes a request slot and hands `buf` on: to the core at once (inline)
     /// or to the polling thread through the submission ring. On refusal the
     /// slot is given back and the buffer returned.
