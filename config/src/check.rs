@@ -1,0 +1,335 @@
+//! The checks run on a cluster file after serde has read it: what the types
+//! alone cannot say (uniqueness across nodes, ranges, combinations of keys)
+//! and the engine's own validation of the protocol settings. Each error is
+//! pinned on the field to change. The CPU count of the machine is not checked
+//! here: it belongs to [`ClusterConfig::check_cores`].
+
+use std::collections::HashMap;
+
+use emx::proto::ConfigError as ProtoConfigError;
+
+use crate::cluster::{ClusterConfig, Mac, NodeSpec};
+use crate::error::ConfigError;
+
+impl ClusterConfig {
+    /// The checks after parsing that do not depend on the machine.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.cluster().ethertype < 0x0600 {
+            return Err(self.invalid(
+                "cluster.ethertype",
+                format!(
+                    "{:#06x} is below 0x0600, where values are frame lengths, not EtherTypes \
+                     (want 0x0600..=0xffff; default {:#06x})",
+                    self.cluster().ethertype,
+                    emx::wire::DEFAULT_ETHERTYPE
+                ),
+            ));
+        }
+        if self.memory().memory_mb == 0 {
+            return Err(self.invalid("memory.memory_mb", "must be at least 1 (MiB)"));
+        }
+        if self.memory().region_mb == 0 {
+            return Err(self.invalid("memory.region_mb", "must be at least 1 (MiB)"));
+        }
+        self.check_protocol_ranges()?;
+        if self.nodes().is_empty() {
+            return Err(self.invalid(
+                "node",
+                "no [[node]] tables: a cluster needs at least one node",
+            ));
+        }
+        let mut ids = HashMap::new();
+        let mut names = HashMap::new();
+        let mut macs = HashMap::new();
+        for (i, n) in self.nodes().iter().enumerate() {
+            self.check_node(i, n)?;
+            let earlier = |what: &str, j: usize| {
+                let e = &self.nodes()[j];
+                format!(
+                    "{what} (node[{j}] \"{}\" at line {} has it too)",
+                    e.name,
+                    self.line_of_path(&format!("node[{j}]"))
+                )
+            };
+            if let Some(&j) = ids.get(&n.id) {
+                let what = format!("duplicate node id {}", n.id);
+                return Err(self.invalid(&format!("node[{i}].id"), earlier(&what, j)));
+            }
+            ids.insert(n.id, i);
+            if let Some(&j) = names.get(n.name.as_str()) {
+                let what = format!("duplicate node name {:?}", n.name);
+                return Err(self.invalid(&format!("node[{i}].name"), earlier(&what, j)));
+            }
+            names.insert(n.name.as_str(), i);
+            if let Mac::Addr(a) = n.mac {
+                if let Some(&j) = macs.get(&a) {
+                    let what = format!("duplicate MAC address {}", n.mac);
+                    return Err(self.invalid(&format!("node[{i}].mac"), earlier(&what, j)));
+                }
+                macs.insert(a, i);
+            }
+        }
+        self.check_peer_table()?;
+        self.check_protocol_whole()
+    }
+
+    fn check_protocol_ranges(&self) -> Result<(), ConfigError> {
+        let p = self.protocol();
+        if let Some(w) = p.window.filter(|w| !(1..=64).contains(w)) {
+            return Err(self.invalid(
+                "protocol.window",
+                format!(
+                    "{w} is out of range (want 1..=64 frames: the selective-ack bitmap spans 64)"
+                ),
+            ));
+        }
+        if let Some(n) = p.pull_inflight.filter(|n| !(1..=8).contains(n)) {
+            return Err(self.invalid(
+                "protocol.pull_inflight",
+                format!("{n} is out of range (want 1..=8 pulls in flight per rendezvous receive)"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_node(&self, i: usize, n: &NodeSpec) -> Result<(), ConfigError> {
+        let at = |f: &str| format!("node[{i}].{f}");
+        if n.name.is_empty() || n.name.chars().any(char::is_whitespace) {
+            return Err(self.invalid(
+                &at("name"),
+                format!(
+                    "bad node name {:?} (want a non-empty name without whitespace)",
+                    n.name
+                ),
+            ));
+        }
+        if n.name.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(self.invalid(
+                &at("name"),
+                format!(
+                    "bad node name {:?}: a name must not be a number, which --node and EMX_NODE \
+                     would read as a node id",
+                    n.name
+                ),
+            ));
+        }
+        if let Mac::Addr(a) = n.mac {
+            if a[0] & 1 == 1 || a == [0; 6] {
+                return Err(self.invalid(
+                    &at("mac"),
+                    format!(
+                        "{} is not a unicast address (want aa:bb:cc:dd:ee:ff with the low bit of \
+                         the first byte clear, not all zero, or auto)",
+                        n.mac
+                    ),
+                ));
+            }
+        }
+        if let Some(problem) = port_problem(&n.port) {
+            return Err(self.invalid(&at("port"), problem));
+        }
+        for (j, c) in n.cores.iter().enumerate() {
+            if n.cores[..j].contains(c) {
+                return Err(self.invalid(
+                    &format!("node[{i}].cores[{j}]"),
+                    format!("core {c} is listed twice (want distinct CPU numbers)"),
+                ));
+            }
+        }
+        if n.spin && n.cores.is_empty() {
+            return Err(self.invalid(
+                &at("spin"),
+                "spin needs a polling core to spin on (give cores = [N])",
+            ));
+        }
+        if n.endpoints.is_empty() || n.endpoints.len() > 64 {
+            return Err(self.invalid(
+                &at("endpoints"),
+                format!(
+                    "{} endpoints (want 1 to 64 distinct endpoint numbers)",
+                    n.endpoints.len()
+                ),
+            ));
+        }
+        for (j, e) in n.endpoints.iter().enumerate() {
+            if n.endpoints[..j].contains(e) {
+                return Err(self.invalid(
+                    &format!("node[{i}].endpoints[{j}]"),
+                    format!("endpoint {e} is listed twice (want distinct endpoint numbers)"),
+                ));
+            }
+        }
+        if n.endpoints.len() > 1 && n.cores.is_empty() {
+            return Err(self.invalid(
+                &at("endpoints"),
+                format!(
+                    "{} endpoints need a polling thread (give cores = [N]): without one the \
+                     application drives the engine inline, through one endpoint",
+                    n.endpoints.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every node's protocol core must hold every remote endpoint as a peer.
+    fn check_peer_table(&self) -> Result<(), ConfigError> {
+        let max = self
+            .protocol()
+            .max_peers
+            .unwrap_or(emx::proto::CoreConfig::default().max_peers);
+        let total: usize = self.nodes().iter().map(|n| n.endpoints.len()).sum();
+        for (i, n) in self.nodes().iter().enumerate() {
+            let remote = total - n.endpoints.len();
+            if remote > max {
+                let field = if self.protocol().max_peers.is_some() {
+                    "protocol.max_peers".to_owned()
+                } else {
+                    format!("node[{i}]")
+                };
+                return Err(self.invalid(
+                    &field,
+                    format!(
+                        "node {:?} has {remote} remote endpoints but the peer table holds \
+                         max_peers = {max} (raise protocol.max_peers)",
+                        n.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine's own validation of the protocol settings, once per MTU in
+    /// use (the driver's MTU is unknown here; 1500 stands for it), with its
+    /// verdict pinned on the field to change.
+    fn check_protocol_whole(&self) -> Result<(), ConfigError> {
+        let p = self.protocol();
+        let set = |f: &str, present: bool| present.then(|| format!("protocol.{f}"));
+        for (i, n) in self.nodes().iter().enumerate() {
+            let mtu = n.mtu.map_or(1500, usize::from);
+            let core = p.core_config(mtu);
+            let Err(e) = core.validate() else { continue };
+            let (field, problem) = match e {
+                ProtoConfigError::Mtu(m) => (
+                    format!("node[{i}].mtu"),
+                    format!(
+                        "{m} is out of range (want {}..=65535 bytes)",
+                        emx::wire::EMX_HEADER_LEN + 64
+                    ),
+                ),
+                ProtoConfigError::Window(w) => (
+                    "protocol.window".to_owned(),
+                    format!("{w} is out of range (want 1..=64)"),
+                ),
+                ProtoConfigError::Table(what) => {
+                    let want = if what == "max_peers" {
+                        "1..=65535"
+                    } else {
+                        "1..=16777216"
+                    };
+                    (
+                        format!("protocol.{what}"),
+                        format!("out of range (want {want})"),
+                    )
+                }
+                ProtoConfigError::Pull => (
+                    "protocol.pull_block".to_owned(),
+                    "must be at least 1 byte".to_owned(),
+                ),
+                ProtoConfigError::Credits { credit, need } => (
+                    set("unexpected_bytes", p.unexpected_bytes.is_some())
+                        .or_else(|| set("eager_threshold", p.eager_threshold.is_some()))
+                        .or_else(|| set("max_peers", p.max_peers.is_some()))
+                        .unwrap_or_else(|| "protocol".to_owned()),
+                    format!(
+                        "each peer's credit (unexpected_bytes / max_peers = {credit} bytes) must \
+                         hold one eager message of eager_threshold bytes ({need} bytes with its \
+                         framing) and be at most 1 GiB"
+                    ),
+                ),
+                ProtoConfigError::Timers => (
+                    set("keepalive_us", p.keepalive_us.is_some())
+                        .or_else(|| set("peer_timeout_us", p.peer_timeout_us.is_some()))
+                        .unwrap_or_else(|| "protocol".to_owned()),
+                    format!(
+                        "keepalive_us ({} us) must be above 0 and below peer_timeout_us ({} us): \
+                         a silent peer is probed before it is declared dead",
+                        core.keepalive.as_micros(),
+                        core.peer_timeout.as_micros()
+                    ),
+                ),
+            };
+            return Err(self.invalid(&field, problem));
+        }
+        Ok(())
+    }
+}
+
+/// Why `port` is neither a PCI address nor vdev devargs, if it is not.
+fn port_problem(port: &str) -> Option<String> {
+    let want = "want a PCI address such as 0000:03:00.0, or vdev devargs such as \
+                net_memif0,role=server,socket=/run/emx/memif.sock";
+    if port.is_empty() || port.chars().any(char::is_whitespace) {
+        return Some(format!(
+            "bad port {port:?} (empty or has whitespace; {want})"
+        ));
+    }
+    let dev = port.split(',').next().unwrap_or("");
+    if dev.starts_with("net_") || dev.starts_with("eth_") {
+        return (dev.len() == 4).then(|| format!("bad port {port:?}: no driver name ({want})"));
+    }
+    if is_pci_address(dev) {
+        return None;
+    }
+    Some(format!("bad port {port:?} ({want})"))
+}
+
+/// `[DDDD:]BB:DD.F` in hex.
+fn is_pci_address(s: &str) -> bool {
+    let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
+    let Some((rest, func)) = s.rsplit_once('.') else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    let (domain, bus, dev) = match parts[..] {
+        [d, b, v] => (Some(d), b, v),
+        [b, v] => (None, b, v),
+        _ => return false,
+    };
+    domain.is_none_or(|d| hex(d, 4))
+        && hex(bus, 2)
+        && hex(dev, 2)
+        && func.len() == 1
+        && func.bytes().all(|b| (b'0'..=b'7').contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pci_addresses() {
+        for ok in ["0000:03:00.0", "03:00.1", "0000:af:1f.7"] {
+            assert!(is_pci_address(ok), "{ok}");
+        }
+        for bad in [
+            "0000:03:00",
+            "03.00.0",
+            "0000:03:00.8",
+            "zz:00.0",
+            "net_tap0",
+        ] {
+            assert!(!is_pci_address(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ports() {
+        assert_eq!(port_problem("net_memif0,role=server"), None);
+        assert_eq!(port_problem("0000:03:00.0"), None);
+        assert!(port_problem("memif0").is_some());
+        assert!(port_problem("net_").is_some());
+        assert!(port_problem("net_tap0, iface=x").is_some());
+    }
+}
