@@ -1,60 +1,101 @@
-//! `emx-bench`: how fast is this link, and what do emx's layers cost on it.
+//! `emx-bench`: how fast is emx on this link, how close to the link's floor,
+//! and how much better than what one would use instead.
 //!
-//! On a `net_memif` pair in one process (no NIC, no hugepages needed) it
-//! measures, in alternating rounds of one run: the ping-pong round trip of raw
-//! DPDK frames (the floor of the link), of the same loop through `dpdk-ffi`'s
-//! safe types, and of emx messages with inline progress and with a polling
-//! thread; then one-way bandwidth of raw MTU frames against emx rendezvous
-//! messages sent from registered memory. Every row carries its ratio to raw.
+//! Every run measures emx beside baselines on the same link, in alternating
+//! rounds: `raw` DPDK frames (no protocol: the floor) and, on the veth link,
+//! kernel `udp` and `tcp` sockets between the same namespaces. Tests:
+//! `latency` (ping-pong over a sweep of sizes, NetPIPE-style), `bandwidth`
+//! (one-way streaming with a window), `bibw` (both ways at once) and
+//! `msgrate` (small messages with a window); `sweep` runs them all.
 #![deny(unsafe_code)]
 
-mod pingpong;
+mod kernel;
+mod link;
+mod netns;
 mod raw;
+mod report;
+mod session;
+
+use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use std::time::Duration;
-
 use dpdk_ffi::HugepageMode;
+use indicatif::{ProgressBar, ProgressStyle};
 
-/// Latency and bandwidth over a memif pair in one process: raw DPDK, the safe
-/// DPDK types and emx (inline and with a polling thread), all in one run.
+use link::LinkKind;
+use report::{Collector, Report, Sample, Test};
+use session::{Pace, Session, Transport};
+
+/// Latency, bandwidth and message rate of emx against raw DPDK frames (and
+/// kernel UDP/TCP on the veth link), measured on the same link in one run.
+///
+/// The default: the memif pair in this process (no NIC, no hugepages
+/// needed), a latency and a bandwidth sweep of emx (inline progress and
+/// polling thread) against raw, about a minute on two cores.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about)]
 struct Args {
-    /// Frame size of the raw and safe ping-pong, Ethernet header included (60 to 1514).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(60..=1514))]
-    size: u16,
-    /// emx message size for the latency rows, in bytes.
+    /// The link: `memif-pair` (two memif ports in this process) or `veth`
+    /// (veth pairs between network namespaces this program makes and
+    /// removes, over net_af_packet; needs root).
+    #[arg(long, value_enum, default_value_t = LinkKind::MemifPair)]
+    link: LinkKind,
+    /// Tests to run, comma-separated: latency, bandwidth, bibw, msgrate, or
+    /// sweep for all four.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Test::Latency, Test::Bandwidth])]
+    test: Vec<Test>,
+    /// Transports, comma-separated: raw, ffi (one-frame raw ping-pong on the
+    /// bindings), emx, emx-thread, udp, tcp (the last two on veth only).
+    /// Default: raw, emx, emx-thread, plus udp and tcp on veth.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    transports: Vec<Transport>,
+    /// Message sizes in bytes, comma-separated (suffixes K and M allowed),
+    /// instead of the default sweeps.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Vec<usize>,
+    /// Largest message of the default sweeps (at most 8M).
+    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    max_size: usize,
+    /// Latency sweep at powers of two only, without the NetPIPE points 3
+    /// bytes either side of each.
+    #[arg(long)]
+    no_netpipe: bool,
+    /// Message size of the msgrate test.
     #[arg(long, default_value_t = 8)]
     msg_size: usize,
-    /// Measured time per round and variant, in milliseconds.
-    #[arg(long, default_value_t = 300)]
-    round_ms: u64,
-    /// Rounds per variant; variants alternate, medians over rounds are reported.
-    #[arg(long, default_value_t = 5)]
+    /// Messages in flight in streams (default: 64 for small messages, fewer
+    /// for large ones, so that 16 MiB are in flight).
+    #[arg(long)]
+    window: Option<usize>,
+    /// Rounds per point; transports alternate within each round.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
-    /// Warm-up per round, in milliseconds.
-    #[arg(long, default_value_t = 50)]
+    /// Measured time per point, transport and round, in milliseconds.
+    #[arg(long, default_value_t = 60)]
+    time_ms: u64,
+    /// Warm-up before each measurement, in milliseconds.
+    #[arg(long, default_value_t = 10)]
     warmup_ms: u64,
-    /// emx message size for bandwidth, in bytes (rendezvous above 32 KiB).
-    #[arg(long, default_value_t = 1 << 20)]
-    bw_msg: usize,
-    /// Bytes streamed per bandwidth round and variant, in MiB.
-    #[arg(long, default_value_t = 128)]
-    bw_mib: usize,
-    /// Link MTU: 1500, or up to 9000 for jumbo frames (fewer frames per
-    /// message, less protocol work per byte).
+    /// At most this many iterations per measurement (round trips, or
+    /// messages sent in a stream): for quick checks.
+    #[arg(long)]
+    iters: Option<u64>,
+    /// Link MTU: 1500, or up to 9000 for jumbo frames where the link allows.
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
     mtu: u16,
-    /// Skip the bandwidth section.
-    #[arg(long)]
-    no_bandwidth: bool,
     /// Hugepages: auto (when free ones exist), never (--no-huge) or require.
     #[arg(long, value_enum, default_value_t = Huge::Auto)]
     hugepages: Huge,
-    /// Print the results as JSON instead of a table.
+    /// Print the results as JSON on stdout instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also write latency-vs-size and bandwidth-vs-size charts, all
+    /// transports on each, to this SVG file.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<std::path::PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -64,39 +105,289 @@ enum Huge {
     Require,
 }
 
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (bytes, or with K or M)"))?;
+    let n = n * mul;
+    if n > 8 << 20 {
+        return Err(format!("{s} is above the largest message size, 8M"));
+    }
+    Ok(n)
+}
+
+/// Latency sizes: 0, then powers of two with NetPIPE's points 3 bytes
+/// either side (from 16 up), to `max`.
+fn latency_sizes(max: usize, netpipe: bool) -> Vec<usize> {
+    let mut v = vec![0];
+    let mut p = 1usize;
+    while p <= max {
+        if netpipe && p >= 16 {
+            v.push(p - 3);
+        }
+        v.push(p);
+        if netpipe && p >= 16 && p + 3 <= max {
+            v.push(p + 3);
+        }
+        p *= 2;
+    }
+    v
+}
+
+/// Bandwidth sizes: powers of four from 64 bytes to `max`.
+fn stream_sizes(max: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut p = 64usize;
+    while p <= max {
+        v.push(p);
+        p *= 4;
+    }
+    if v.last() != Some(&max) && max >= 64 {
+        v.push(max);
+    }
+    v
+}
+
 fn main() {
     let args = Args::parse();
-    let mode = match args.hugepages {
+    if let Err(e) = run(&args) {
+        eprintln!("emx-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let mut tests: Vec<Test> = Vec::new();
+    for &t in &args.test {
+        let add: &[Test] = if t == Test::Sweep {
+            &[Test::Latency, Test::Bandwidth, Test::Bibw, Test::Msgrate]
+        } else {
+            std::slice::from_ref(&t)
+        };
+        for a in add {
+            if !tests.contains(a) {
+                tests.push(*a);
+            }
+        }
+    }
+    let mut transports = args.transports.clone();
+    if transports.is_empty() {
+        transports = vec![Transport::Raw, Transport::Emx, Transport::EmxThread];
+        if args.link == LinkKind::Veth {
+            transports.extend([Transport::Udp, Transport::Tcp]);
+        }
+    }
+    if args.link != LinkKind::Veth {
+        if let Some(t) = transports
+            .iter()
+            .find(|t| matches!(t, Transport::Udp | Transport::Tcp))
+        {
+            return Err(format!(
+                "the {} baseline runs between network namespaces: add --link veth (as root)",
+                t.label()
+            ));
+        }
+    }
+    // Raw first: every ratio is against it.
+    transports.sort_by_key(|t| *t != Transport::Raw);
+    transports.dedup();
+    let max = args.max_size.min(8 << 20);
+    let sizes_for = |t: Test| -> Vec<usize> {
+        if t == Test::Msgrate {
+            return vec![args.msg_size];
+        }
+        if !args.sizes.is_empty() {
+            return args.sizes.clone();
+        }
+        match t {
+            Test::Latency => latency_sizes(max, !args.no_netpipe),
+            _ => stream_sizes(max),
+        }
+    };
+    let hugepages = match args.hugepages {
         Huge::Auto => HugepageMode::Auto,
         Huge::Never => HugepageMode::Never,
         Huge::Require => HugepageMode::Require,
     };
-    let cfg = pingpong::Config {
-        size: usize::from(args.size),
-        msg_size: args.msg_size,
-        round: Duration::from_millis(args.round_ms),
-        rounds: args.rounds.max(1),
+    let pace = Pace {
         warmup: Duration::from_millis(args.warmup_ms),
-        bw_msg: args.bw_msg.max(1),
-        bw_bytes: args.bw_mib.max(1) << 20,
-        no_bandwidth: args.no_bandwidth,
-        hugepages: mode,
-        mtu: args.mtu,
+        time: Duration::from_millis(args.time_ms),
+        max_iters: args.iters,
     };
-    match pingpong::run(&cfg) {
-        Ok(report) => {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).expect("report serialises")
-                );
-            } else {
-                report.print();
+
+    // Before the session pins this thread to one core.
+    let cpus = core_affinity::get_core_ids().map_or(0, |c| c.len());
+    let mut session = Session::start(args.link, hugepages, args.mtu)?;
+    let total: u64 = tests
+        .iter()
+        .map(|&t| sizes_for(t).len() as u64 * u64::from(args.rounds) * transports.len() as u64)
+        .sum();
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("progress template")
+            .progress_chars("=> "),
+    );
+    let mut col = Collector::default();
+    let mut skipped: Vec<String> = Vec::new();
+    let started = Instant::now();
+    let mut result = Ok(());
+    'all: for &test in &tests {
+        for size in sizes_for(test) {
+            for round in 0..args.rounds {
+                for k in 0..transports.len() {
+                    // Raw first in every round, the others in rotating order.
+                    let t = if k == 0 {
+                        transports[0]
+                    } else {
+                        let rest = transports.len() - 1;
+                        transports[1 + (k - 1 + round as usize) % rest]
+                    };
+                    bar.set_message(format!("{test:?} {} {}", t.label(), report::human(size)));
+                    match measure(&mut session, test, t, size, args, pace) {
+                        Ok(Some(s)) => col.add(test, t, size, s),
+                        Ok(None) => {}
+                        Err(Skip::Not(why)) => {
+                            let line = format!("{test:?} {} {size} B: {why}", t.label());
+                            if !skipped.contains(&line) {
+                                skipped.push(line);
+                            }
+                        }
+                        Err(Skip::Fail(e)) => {
+                            result = Err(format!("{test:?} {} {size} B: {e}", t.label()));
+                            break 'all;
+                        }
+                    }
+                    bar.inc(1);
+                }
             }
         }
-        Err(e) => {
-            eprintln!("emx-bench: {e}");
-            std::process::exit(1);
+    }
+    bar.finish_and_clear();
+    let report = Report {
+        link: session.link_name.clone(),
+        hugepages: session.hugepages,
+        mtu: session.mtu,
+        cpus,
+        rounds: args.rounds,
+        rows: col.rows(),
+        skipped,
+    };
+    session.finish()?;
+    result?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", report.table(&transports));
+        println!("({:.0} s)", started.elapsed().as_secs_f64());
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, report::svg(&report, &transports))
+            .map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+enum Skip {
+    /// This transport cannot do this measurement (said once in the report).
+    Not(String),
+    /// A measurement failed.
+    Fail(String),
+}
+
+fn measure(
+    s: &mut Session,
+    test: Test,
+    t: Transport,
+    size: usize,
+    args: &Args,
+    pace: Pace,
+) -> Result<Option<Sample>, Skip> {
+    let window = args
+        .window
+        .unwrap_or_else(|| ((16usize << 20) / size.max(1)).clamp(2, 64))
+        .max(1);
+    let window = if test == Test::Msgrate {
+        args.window.unwrap_or(64)
+    } else {
+        window
+    };
+    if matches!(t, Transport::Udp | Transport::Tcp) {
+        let proto = if t == Transport::Udp {
+            kernel::Proto::Udp
+        } else {
+            kernel::Proto::Tcp
+        };
+        if proto == kernel::Proto::Udp && size > kernel::UDP_MAX {
+            return Err(Skip::Not(format!(
+                "UDP datagrams stop at {} bytes",
+                kernel::UDP_MAX
+            )));
+        }
+        if s.veth().is_none() {
+            return Err(Skip::Not("kernel baselines run on the veth link".into()));
+        }
+        let r = s
+            .paused(|s| {
+                let pair = s.veth().expect("checked above");
+                let cores = s.cores();
+                match test {
+                    Test::Latency => kernel::pingpong(
+                        pair,
+                        proto,
+                        size,
+                        pace.warmup,
+                        pace.time,
+                        pace.max_iters,
+                        cores,
+                    )
+                    .map(Sample::Latency),
+                    _ => if test == Test::Bibw {
+                        kernel::bibw(pair, proto, size, pace.time, cores)
+                    } else {
+                        kernel::stream(pair, proto, size, pace.time, cores)
+                    }
+                    .map(|r| {
+                        Sample::Flow(session::Stream {
+                            bytes: r.bytes,
+                            msgs: r.received,
+                            secs: r.seconds,
+                        })
+                    }),
+                }
+            })
+            .map_err(Skip::Fail)?;
+        return r.map(Some).map_err(Skip::Fail);
+    }
+    match test {
+        Test::Latency => {
+            if t == Transport::Ffi && size + 8 > usize::from(args.mtu) {
+                return Err(Skip::Not("ffi measures one-frame messages only".into()));
+            }
+            s.latency(t, size, pace)
+                .map(|h| Some(Sample::Latency(h)))
+                .map_err(Skip::Fail)
+        }
+        _ => {
+            if t == Transport::Ffi {
+                return Err(Skip::Not("ffi measures latency only".into()));
+            }
+            s.stream(t, size, window, test == Test::Bibw, pace)
+                .map(|f| Some(Sample::Flow(f)))
+                .map_err(Skip::Fail)
         }
     }
 }

@@ -1,0 +1,161 @@
+//! The links the benchmark runs on, all inside one process: two sides (A,
+//! the pinger's, and B, the echo's) joined by three independent channels, so
+//! that raw frames and each emx engine have a queue pair to themselves.
+//!
+//! - `memif-pair`: two `net_memif` ports in this process, three queue pairs.
+//! - `veth`: three veth pairs, each between two network namespaces this
+//!   program makes (and removes, also when interrupted), with a
+//!   `net_af_packet` port on each end. The calling thread enters a namespace
+//!   just while it opens the port there: the port's socket stays in it.
+
+use std::time::Duration;
+
+use dpdk_ffi::{Eal, Mempool, Port, PortConfig};
+
+use crate::netns::VethPair;
+
+/// Which link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinkKind {
+    /// Two memif ports in this process (shared memory; no NIC, no hugepages needed).
+    MemifPair,
+    /// Veth pairs between network namespaces, over `net_af_packet` (needs root).
+    Veth,
+}
+
+/// One side of a channel: a port and its queue.
+#[derive(Clone)]
+pub struct End {
+    /// The port.
+    pub port: Port,
+    /// The queue pair on it.
+    pub queue: u16,
+}
+
+/// A channel: the pinger's end and the echo's end.
+#[derive(Clone)]
+pub struct Channel {
+    /// The pinger's side.
+    pub a: End,
+    /// The echo's side.
+    pub b: End,
+}
+
+/// Channels.
+pub const RAW: usize = 0;
+/// The channel of emx with inline progress.
+pub const EMX_INLINE: usize = 1;
+/// The channel of emx with a polling thread.
+pub const EMX_THREAD: usize = 2;
+
+/// An open link.
+pub struct Link {
+    /// What it is, in words.
+    pub name: String,
+    /// The channels, indexed by [`RAW`], [`EMX_INLINE`], [`EMX_THREAD`].
+    pub channels: Vec<Channel>,
+    /// The namespaces of a veth link (removed when dropped, after the ports).
+    pub veth: Vec<VethPair>,
+}
+
+impl Link {
+    /// Opens a link of `kind` with frames of up to `mtu` bytes of payload.
+    pub fn open(kind: LinkKind, eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
+        match kind {
+            LinkKind::MemifPair => memif_pair(eal, pool, mtu),
+            LinkKind::Veth => veth(eal, pool, mtu),
+        }
+    }
+}
+
+fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
+    let sock = format!("/tmp/emx-bench-{}.sock", std::process::id());
+    let _ = std::fs::remove_file(&sock);
+    let cfg = PortConfig {
+        rx_queues: 3,
+        tx_queues: 3,
+        mtu: Some(mtu),
+        ..PortConfig::default()
+    };
+    // memif's ring buffers hold 2048 bytes by default: size them for a whole
+    // jumbo frame, so that a frame is one descriptor.
+    let bsize = if mtu > 1500 {
+        format!(",bsize={}", (usize::from(mtu) + 14).next_power_of_two())
+    } else {
+        String::new()
+    };
+    let port = |role: &str, n: u8| {
+        Port::from_devargs(
+            eal,
+            &format!("net_memif{n},role={role},socket={sock}{bsize}"),
+            &cfg,
+            pool,
+        )
+        .map_err(|e| e.to_string())
+    };
+    let a = port("server", 0)?;
+    let b = port("client", 1)?;
+    for p in [&a, &b] {
+        p.wait_link(Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+    }
+    let channels = (0..3)
+        .map(|q| Channel {
+            a: End {
+                port: a.clone(),
+                queue: q,
+            },
+            b: End {
+                port: b.clone(),
+                queue: q,
+            },
+        })
+        .collect();
+    Ok(Link {
+        name: "memif pair, one process".into(),
+        channels,
+        veth: Vec::new(),
+    })
+}
+
+fn veth(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
+    crate::netns::cleanup_on_signal();
+    let cfg = PortConfig {
+        mtu: Some(mtu),
+        ..PortConfig::default()
+    };
+    let mut pairs = Vec::new();
+    let mut channels = Vec::new();
+    for c in 0..3 {
+        let pair = VethPair::create(mtu)?;
+        let mut ends = Vec::new();
+        for side in 0..2 {
+            pair.enter(side)?;
+            let port = Port::from_devargs(
+                eal,
+                &format!(
+                    "net_af_packet{},iface={},qpairs=1",
+                    2 * c + side,
+                    pair.ifname[side]
+                ),
+                &cfg,
+                pool,
+            );
+            pair.leave()?;
+            let port = port.map_err(|e| e.to_string())?;
+            port.wait_link(Duration::from_secs(10))
+                .map_err(|e| e.to_string())?;
+            ends.push(End { port, queue: 0 });
+        }
+        let b = ends.pop().expect("two ends");
+        let a = ends.pop().expect("two ends");
+        channels.push(Channel { a, b });
+        pairs.push(pair);
+    }
+    Ok(Link {
+        name: "veth pairs between namespaces, net_af_packet".into(),
+        channels,
+        veth: pairs,
+    })
+}

@@ -1,0 +1,648 @@
+//! A veth pair between two network namespaces, made and removed by the
+//! benchmark, so that kernel sockets and DPDK `net_af_packet` ports can be
+//! measured over a real (virtual) Ethernet link without a NIC.
+//!
+//! [`VethPair::create`] makes two namespaces named `emxb-<pid>-<n>-0` and
+//! `emxb-<pid>-<n>-1` (`<n>` counts pairs within this process), a veth pair
+//! with one end in each, and configures both ends; dropping the pair deletes
+//! the namespaces and the veth with them. [`VethPair::enter`] moves the calling
+//! thread into one namespace, so that the sockets and ports it opens live
+//! there. [`cleanup_on_signal`] deletes whatever is still registered when the
+//! process is interrupted.
+//!
+//! Needs root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`) and iproute2's `ip`.
+
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, Once};
+
+/// Prefix of every namespace this module makes; the owning pid follows it.
+const NS_PREFIX: &str = "emxb-";
+/// Where `ip netns` keeps its namespace handles.
+const NETNS_DIR: &str = "/run/netns";
+/// Error text when the process lacks the privileges to make namespaces.
+const NEED_ROOT: &str = "the veth link needs root (network namespaces): run as root or with sudo";
+
+/// Namespaces that exist now and must be deleted if the process is interrupted.
+static REGISTRY: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Number of pairs created by this process so far (makes names unique).
+static PAIR_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A veth pair whose two ends live in two network namespaces of their own.
+///
+/// Both namespaces (and so the veth) are deleted on drop. The fields describe
+/// the link for side 0 and side 1: index `i` is the end inside `ns[i]`.
+#[derive(Debug)]
+pub struct VethPair {
+    /// Namespace names, `emxb-<pid>-<n>-0` and `emxb-<pid>-<n>-1`.
+    pub ns: [String; 2],
+    /// Interface name of the veth end inside each namespace (`emxb0`, `emxb1`).
+    pub ifname: [String; 2],
+    /// IPv4 address of each end, `10.233.<n>.1/24` and `10.233.<n>.2/24`.
+    pub ip: [Ipv4Addr; 2],
+    /// MAC address of each end: fixed, locally administered, `02:45:4d:58:<n>:01`/`02`.
+    pub mac: [[u8; 6]; 2],
+    /// MTU of both ends.
+    pub mtu: u16,
+    /// The network namespace the process started in (of its main thread), for [`VethPair::leave`].
+    home: File,
+}
+
+impl VethPair {
+    /// Makes both namespaces and the veth pair between them.
+    ///
+    /// Each end gets its fixed MAC, the MTU `mtu` (68 to 65535), its IPv4
+    /// address and is brought up, as is `lo` in each namespace. IPv6 is
+    /// disabled in both namespaces before the link exists (no router
+    /// solicitations or DAD frames on the link). Offloads stay as Linux sets
+    /// them (TSO, GSO, GRO on): the kernel baselines are measured the way an
+    /// application would meet them. Stale namespaces of
+    /// an earlier run whose owning pid is dead are removed first. The
+    /// namespaces are registered for [`cleanup_on_signal`] before they are
+    /// made; this does not install the handler itself.
+    ///
+    /// Errors name the fix: not root, `ip` missing (install iproute2), or the
+    /// failing `ip` command and its message.
+    pub fn create(mtu: u16) -> Result<VethPair, String> {
+        if mtu < 68 {
+            return Err(format!("MTU {mtu} is below IPv4's minimum of 68"));
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err(NEED_ROOT.to_string());
+        }
+        check_ip_tool()?;
+        remove_stale();
+
+        let pid = std::process::id();
+        let n = PAIR_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let ns = [0, 1].map(|side| format!("{NS_PREFIX}{pid}-{n}-{side}"));
+        let ifname = [0, 1].map(|side| format!("emxb{side}"));
+        let subnet = (n % 256) as u8;
+        let ip = [1, 2].map(|host| Ipv4Addr::new(10, 233, subnet, host));
+        let mac = [1, 2].map(|host| [0x02, 0x45, 0x4d, 0x58, subnet, host]);
+        let home = File::open("/proc/self/ns/net")
+            .map_err(|e| format!("cannot open /proc/self/ns/net: {e}"))?;
+
+        for name in &ns {
+            let registered = REGISTRY
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(name);
+            if registered {
+                return Err(format!(
+                    "network namespace {name} is already in use by this process"
+                ));
+            }
+            if namespace_exists(name) {
+                // Same pid as ours but not made by this process: left over by an
+                // earlier process that had our pid and was killed.
+                delete_namespace(name);
+                if namespace_exists(name) {
+                    return Err(format!(
+                        "network namespace {name} exists and cannot be removed: `ip netns delete {name}`"
+                    ));
+                }
+            }
+        }
+
+        // From here on the pair owns the names; drop deletes whatever was made.
+        register(&ns);
+        let pair = VethPair {
+            ns,
+            ifname,
+            ip,
+            mac,
+            mtu,
+            home,
+        };
+        pair.configure()?;
+        Ok(pair)
+    }
+
+    /// Runs every `ip` step of [`VethPair::create`] after the names are registered.
+    fn configure(&self) -> Result<(), String> {
+        for name in &self.ns {
+            ip(&["netns", "add", name])?;
+        }
+        for side in 0..2 {
+            self.in_namespace(side, disable_ipv6)?;
+        }
+        let mtu = self.mtu.to_string();
+        ip(&[
+            "link",
+            "add",
+            &self.ifname[0],
+            "netns",
+            &self.ns[0],
+            "mtu",
+            &mtu,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &self.ifname[1],
+            "netns",
+            &self.ns[1],
+            "mtu",
+            &mtu,
+        ])?;
+        for side in 0..2 {
+            let (ns, ifname) = (&self.ns[side], &self.ifname[side]);
+            let mac = format_mac(&self.mac[side]);
+            ip(&["-n", ns, "link", "set", "dev", ifname, "address", &mac])?;
+            let addr = format!("{}/24", self.ip[side]);
+            ip(&["-n", ns, "addr", "add", &addr, "dev", ifname])?;
+        }
+        for side in 0..2 {
+            let ns = &self.ns[side];
+            ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
+            ip(&["-n", ns, "link", "set", "dev", &self.ifname[side], "up"])?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on a short-lived thread that has entered namespace `side`.
+    fn in_namespace<F>(&self, side: usize, f: F) -> Result<(), String>
+    where
+        F: FnOnce() -> Result<(), String> + Send + 'static,
+    {
+        let path = format!("{NETNS_DIR}/{}", self.ns[side]);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                setns_path(&path)?;
+                f()
+            })
+            .join()
+            .unwrap_or_else(|_| Err("namespace helper thread panicked".to_string()))
+        })
+    }
+
+    /// Moves the calling thread into namespace `side` (0 or 1): `setns` on
+    /// `/run/netns/<name>` with `CLONE_NEWNET`. Sockets and DPDK `af_packet`
+    /// ports that this thread creates afterwards live in that namespace;
+    /// threads it spawns afterwards start in it too. Other threads are not moved.
+    pub fn enter(&self, side: usize) -> Result<(), String> {
+        let name = self
+            .ns
+            .get(side)
+            .ok_or_else(|| format!("no side {side}: a pair has sides 0 and 1"))?;
+        setns_path(&format!("{NETNS_DIR}/{name}"))
+    }
+
+    /// Moves the calling thread back to the network namespace the process
+    /// started in (the main thread's when [`VethPair::create`] ran).
+    pub fn leave(&self) -> Result<(), String> {
+        setns_fd(&self.home, "the starting namespace")
+    }
+}
+
+impl Drop for VethPair {
+    /// Deletes both namespaces (the veth goes with them), ignoring errors, and
+    /// unregisters them from the signal cleanup.
+    fn drop(&mut self) {
+        for name in &self.ns {
+            delete_namespace(name);
+        }
+        let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+        reg.retain(|n| !self.ns.contains(n));
+    }
+}
+
+/// Installs, once per process, a handler for SIGINT, SIGTERM and SIGHUP that
+/// deletes every namespace still registered by [`VethPair::create`] and then
+/// exits the process with status 130 (interrupted).
+///
+/// The handler is a thread waiting on the signals (signal-hook), so the
+/// deletion runs outside signal context. [`VethPair::create`] does not install
+/// it: call this once at start-up, before the first pair is made. Later calls
+/// do nothing.
+pub fn cleanup_on_signal() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("emx-bench: cannot install the namespace cleanup on signals: {e}");
+                return;
+            }
+        };
+        let spawned = std::thread::Builder::new()
+            .name("netns-cleanup".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    // Held until exit: a pair being made now cannot register
+                    // names that this loop would miss.
+                    let reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+                    for name in reg.iter() {
+                        delete_namespace(name);
+                    }
+                    if !reg.is_empty() {
+                        eprintln!(
+                            "emx-bench: signal {sig}: removed network namespaces {}",
+                            reg.join(", ")
+                        );
+                    }
+                    std::process::exit(130);
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("emx-bench: cannot start the namespace cleanup thread: {e}");
+        }
+    });
+}
+
+/// Adds `names` to the registry deleted on signal.
+fn register(names: &[String]) {
+    let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    reg.extend(names.iter().cloned());
+}
+
+/// Formats a MAC address as `ip` expects it.
+fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Checks that iproute2's `ip` can be run.
+fn check_ip_tool() -> Result<(), String> {
+    match Command::new("ip").arg("-V").output() {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "`ip -V` failed ({}): install iproute2",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err("the veth link needs the `ip` command: install iproute2".to_string())
+        }
+        Err(e) => Err(format!("cannot run `ip`: {e}: install iproute2")),
+    }
+}
+
+/// Runs `ip ARGS`, turning a failure into an error naming the command and its message.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            "the veth link needs the `ip` command: install iproute2".to_string()
+        } else {
+            format!("cannot run `ip`: {e}")
+        }
+    })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let lower = msg.to_lowercase();
+    let hint = if lower.contains("permission denied") || lower.contains("operation not permitted") {
+        format!(": {NEED_ROOT}")
+    } else {
+        String::new()
+    };
+    Err(format!("`ip {}` failed: {msg}{hint}", args.join(" ")))
+}
+
+/// Whether `ip netns` has a namespace called `name`.
+fn namespace_exists(name: &str) -> bool {
+    std::path::Path::new(NETNS_DIR).join(name).exists()
+}
+
+/// Deletes namespace `name`, ignoring errors (it may not exist).
+fn delete_namespace(name: &str) {
+    let _ = Command::new("ip").args(["netns", "delete", name]).output();
+}
+
+/// Owner pid of a namespace name made by this module, if it is one.
+fn owner_pid(name: &str) -> Option<i32> {
+    let rest = name.strip_prefix(NS_PREFIX)?;
+    let mut parts = rest.split('-');
+    let pid = parts.next()?.parse::<i32>().ok()?;
+    let n = parts.next()?;
+    let side = parts.next()?;
+    let shape_ok = !n.is_empty()
+        && n.bytes().all(|b| b.is_ascii_digit())
+        && (side == "0" || side == "1")
+        && parts.next().is_none();
+    (shape_ok && pid > 0).then_some(pid)
+}
+
+/// Whether process `pid` exists (in this pid namespace).
+fn pid_alive(pid: i32) -> bool {
+    // Signal 0 only checks that the process exists.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) != Err(nix::errno::Errno::ESRCH)
+}
+
+/// Removes namespaces `emxb-<pid>-<n>-<side>` left by processes that are dead.
+fn remove_stale() {
+    let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
+        return;
+    };
+    let me = std::process::id() as i32;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = owner_pid(&name) {
+            if pid != me && !pid_alive(pid) {
+                delete_namespace(&name);
+            }
+        }
+    }
+}
+
+/// `setns(CLONE_NEWNET)` on the namespace file at `path`, for the calling thread.
+fn setns_path(path: &str) -> Result<(), String> {
+    let f = File::open(path).map_err(|e| format!("cannot open network namespace {path}: {e}"))?;
+    setns_fd(&f, path)
+}
+
+/// `setns(CLONE_NEWNET)` on the namespace file `f`, for the calling thread.
+fn setns_fd(f: &File, what: &str) -> Result<(), String> {
+    match nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => Err(format!(
+            "cannot enter {what}: {}: {NEED_ROOT}",
+            nix::errno::Errno::EPERM.desc()
+        )),
+        Err(e) => Err(format!("cannot enter {what}: {}", e.desc())),
+    }
+}
+
+/// Disables IPv6 in the calling thread's network namespace (all and default,
+/// so interfaces made afterwards start without it). A kernel without IPv6 is fine.
+fn disable_ipv6() -> Result<(), String> {
+    for conf in ["all", "default"] {
+        let path = format!("/proc/sys/net/ipv6/conf/{conf}/disable_ipv6");
+        match std::fs::write(&path, "1") {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(format!("cannot write {path}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+
+    /// Environment variable that makes [`signal_helper`] do its work.
+    const HELPER_ENV: &str = "EMXB_NETNS_SIGNAL_HELPER";
+
+    /// Names listed by `ip netns list` (first word of each line).
+    fn listed() -> Vec<String> {
+        let out = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .expect("ip netns list");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    }
+
+    /// Runs `ip -n ns ARGS` and returns stdout.
+    fn ip_out(ns: &str, args: &[&str]) -> String {
+        let out = Command::new("ip")
+            .args(["-n", ns])
+            .args(args)
+            .output()
+            .expect("ip");
+        assert!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[test]
+    fn create_and_drop() {
+        let pair = VethPair::create(1500).expect("create veth pair");
+        let names = listed();
+        for side in 0..2 {
+            assert!(
+                names.contains(&pair.ns[side]),
+                "{} not in {names:?}",
+                pair.ns[side]
+            );
+            let link = ip_out(&pair.ns[side], &["link", "show", "dev", &pair.ifname[side]]);
+            assert!(link.contains(&format_mac(&pair.mac[side])), "{link}");
+            assert!(link.contains("mtu 1500"), "{link}");
+            assert!(link.contains("state UP") || link.contains(",UP"), "{link}");
+            let addr = ip_out(
+                &pair.ns[side],
+                &["-4", "addr", "show", "dev", &pair.ifname[side]],
+            );
+            assert!(addr.contains(&format!("{}/24", pair.ip[side])), "{addr}");
+            let addr6 = ip_out(
+                &pair.ns[side],
+                &["-6", "addr", "show", "dev", &pair.ifname[side]],
+            );
+            assert!(addr6.trim().is_empty(), "IPv6 still on: {addr6}");
+        }
+        {
+            let reg = REGISTRY.lock().unwrap();
+            assert!(pair.ns.iter().all(|n| reg.contains(n)));
+        }
+        let ns = pair.ns.clone();
+        drop(pair);
+        let names = listed();
+        for n in &ns {
+            assert!(!names.contains(n), "{n} still listed after drop: {names:?}");
+        }
+        let reg = REGISTRY.lock().unwrap();
+        assert!(ns.iter().all(|n| !reg.contains(n)));
+    }
+
+    #[test]
+    fn enter_and_leave_move_the_thread() {
+        let pair = VethPair::create(9000).expect("create veth pair");
+        let ino = |p: &str| {
+            std::fs::metadata(p)
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .unwrap()
+        };
+        let home = ino("/proc/thread-self/ns/net");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                pair.enter(1).unwrap();
+                assert_eq!(
+                    ino("/proc/thread-self/ns/net"),
+                    ino(&format!("{NETNS_DIR}/{}", pair.ns[1]))
+                );
+                // The peer's address answers from here: the link is up.
+                let sock = std::net::UdpSocket::bind((pair.ip[1], 0)).expect("bind in ns 1");
+                drop(sock);
+                pair.leave().unwrap();
+                assert_eq!(ino("/proc/thread-self/ns/net"), home);
+            });
+        });
+        assert!(pair.enter(2).is_err());
+    }
+
+    #[test]
+    fn not_root_error_names_the_fix() {
+        if !nix::unistd::geteuid().is_root() {
+            assert_eq!(VethPair::create(1500).unwrap_err(), NEED_ROOT);
+            panic!("{NEED_ROOT}");
+        }
+        // As root: run create_and_drop in a copy of this binary as user nobody.
+        use std::os::unix::process::CommandExt;
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "netns::tests::create_and_drop",
+                "--test-threads=1",
+            ])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("run the test binary as nobody");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.status.success(),
+            "create_and_drop passed without root:\n{text}"
+        );
+        assert!(text.contains(NEED_ROOT), "no root hint in:\n{text}");
+    }
+
+    #[test]
+    fn stale_names_parse() {
+        assert_eq!(owner_pid("emxb-123-4-0"), Some(123));
+        assert_eq!(owner_pid("emxb-123-4-1"), Some(123));
+        assert_eq!(owner_pid("emxb-123-4-2"), None);
+        assert_eq!(owner_pid("emxb-123-0"), None);
+        assert_eq!(owner_pid("other-123-4-0"), None);
+        assert_eq!(owner_pid("emxb-x-4-0"), None);
+    }
+
+    #[test]
+    fn stale_namespace_of_dead_pid_is_removed() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("{NEED_ROOT}");
+        }
+        // A pid that is dead: a child that has exited and been reaped.
+        let mut child = Command::new("true").spawn().expect("spawn true");
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = format!("{NS_PREFIX}{dead}-0-0");
+        ip(&["netns", "add", &stale]).expect("make a stale namespace");
+        assert!(namespace_exists(&stale));
+        let pair = VethPair::create(1500).expect("create veth pair");
+        let gone = !namespace_exists(&stale);
+        delete_namespace(&stale);
+        drop(pair);
+        assert!(
+            gone,
+            "stale namespace {stale} of dead pid {dead} was not removed"
+        );
+    }
+
+    /// Helper for [`signal_cleanup_removes_namespaces`], run in a child process:
+    /// makes a pair, prints its namespaces and sleeps until signalled. Does
+    /// nothing unless the environment variable selects it.
+    #[test]
+    #[ignore = "helper process of signal_cleanup_removes_namespaces"]
+    fn signal_helper() {
+        if std::env::var_os(HELPER_ENV).is_none() {
+            return;
+        }
+        cleanup_on_signal();
+        let pair = VethPair::create(1500).expect("create veth pair");
+        // Straight to fd 1: the test harness captures `println!` even for a child.
+        let mut out = std::io::stdout();
+        std::io::Write::write_all(
+            &mut out,
+            format!("EMXB-NS {} {}\n", pair.ns[0], pair.ns[1]).as_bytes(),
+        )
+        .unwrap();
+        std::io::Write::flush(&mut out).unwrap();
+        std::thread::sleep(Duration::from_secs(60));
+        drop(pair);
+    }
+
+    #[test]
+    fn signal_cleanup_removes_namespaces() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("{NEED_ROOT}");
+        }
+        let exe = std::env::current_exe().unwrap();
+        let mut child = Command::new(exe)
+            .args([
+                "--ignored",
+                "--exact",
+                "netns::tests::signal_helper",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(HELPER_ENV, "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("re-exec the test binary");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let names: Vec<String> = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    // libtest may print "test ... " before it on the same line.
+                    if let Some(at) = line.find("EMXB-NS ") {
+                        break line[at + 8..]
+                            .split_whitespace()
+                            .map(str::to_string)
+                            .collect();
+                    }
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("helper exited before printing its namespaces");
+                }
+            }
+        };
+        assert_eq!(names.len(), 2);
+        let before = listed();
+        for n in &names {
+            assert!(before.contains(n), "{n} not listed while the helper runs");
+        }
+        // SAFETY: sending SIGINT to our own child.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                for n in &names {
+                    delete_namespace(n);
+                }
+                panic!("helper did not exit within 20 s of SIGINT");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let after = listed();
+        for n in &names {
+            delete_namespace(n);
+        }
+        assert_eq!(status.code(), Some(130), "helper exit status {status:?}");
+        for n in &names {
+            assert!(
+                !after.contains(n),
+                "{n} still listed after SIGINT: {after:?}"
+            );
+        }
+    }
+}

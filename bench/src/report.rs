@@ -1,0 +1,514 @@
+//! Results: rows aggregated over rounds, the terminal table, JSON, and an
+//! SVG chart of latency and bandwidth against message size.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::session::{Stream, Transport};
+
+/// A kind of test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Test {
+    /// Ping-pong round trips.
+    Latency,
+    /// One-way streaming with a window of messages in flight.
+    Bandwidth,
+    /// Both directions at once.
+    Bibw,
+    /// Small messages with a window: messages per second.
+    Msgrate,
+    /// All of the above.
+    Sweep,
+}
+
+/// Latency figures of one (test, transport, size), in nanoseconds: medians
+/// over rounds of each percentile, the largest maximum, and the spread of p50.
+#[derive(Clone, Debug, Serialize)]
+pub struct Latency {
+    pub p50_ns: f64,
+    pub p90_ns: f64,
+    pub p99_ns: f64,
+    pub p999_ns: f64,
+    pub max_ns: f64,
+    /// Round trips measured, all rounds.
+    pub count: u64,
+    pub p50_min_ns: f64,
+    pub p50_max_ns: f64,
+    /// Each round's p50.
+    pub rounds_p50_ns: Vec<f64>,
+}
+
+/// Streaming figures: totals over rounds (so that `gbit_s` is exactly
+/// `bytes * 8 / seconds / 1e9` and `msgs_per_s` is `msgs / seconds`), and the
+/// spread of the per-round rates.
+#[derive(Clone, Debug, Serialize)]
+pub struct Flow {
+    pub bytes: u64,
+    pub msgs: u64,
+    pub seconds: f64,
+    pub gbit_s: f64,
+    pub msgs_per_s: f64,
+    pub gbit_s_min: f64,
+    pub gbit_s_max: f64,
+    /// Each round's rate.
+    pub rounds_gbit_s: Vec<f64>,
+}
+
+/// One line of results.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub test: Test,
+    pub transport: Transport,
+    /// Message size in bytes.
+    pub size: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency: Option<Latency>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow: Option<Flow>,
+    /// Against `raw` on the same link, same size, same rounds: median of the
+    /// per-round ratios of p50 (latency) or of the rate (streams).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_to_raw: Option<f64>,
+    /// Latency only: p99 against raw's p99 (medians over rounds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_ratio_to_raw: Option<f64>,
+}
+
+/// The whole run.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub link: String,
+    pub hugepages: bool,
+    pub mtu: u16,
+    pub cpus: usize,
+    pub rounds: u32,
+    pub rows: Vec<Row>,
+    /// Measurements that could not run, and why.
+    pub skipped: Vec<String>,
+}
+
+/// One round's measurement.
+pub enum Sample {
+    Latency(Histogram<u64>),
+    Flow(Stream),
+}
+
+/// Collects samples by (test, transport, size) and round.
+#[derive(Default)]
+pub struct Collector {
+    samples: BTreeMap<(Test, usize, u8), Vec<(Transport, Sample)>>,
+}
+
+fn tkey(t: Transport) -> u8 {
+    t as u8
+}
+
+impl Collector {
+    /// Records one round's sample.
+    pub fn add(&mut self, test: Test, t: Transport, size: usize, s: Sample) {
+        self.samples
+            .entry((test, size, tkey(t)))
+            .or_default()
+            .push((t, s));
+    }
+
+    /// Aggregates into rows.
+    pub fn rows(&self) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for (&(test, size, _), samples) in &self.samples {
+            let t = samples[0].0;
+            let raw = self.samples.get(&(test, size, tkey(Transport::Raw)));
+            let mut row = Row {
+                test,
+                transport: t,
+                size,
+                latency: None,
+                flow: None,
+                ratio_to_raw: None,
+                p99_ratio_to_raw: None,
+            };
+            let hists: Vec<&Histogram<u64>> = samples
+                .iter()
+                .filter_map(|s| match &s.1 {
+                    Sample::Latency(h) if !h.is_empty() => Some(h),
+                    _ => None,
+                })
+                .collect();
+            if !hists.is_empty() {
+                let q = |p: f64| -> Vec<f64> {
+                    hists
+                        .iter()
+                        .map(|h| h.value_at_quantile(p) as f64)
+                        .collect()
+                };
+                let p50 = q(0.5);
+                let (lo, hi) = min_max(&p50);
+                row.latency = Some(Latency {
+                    p50_ns: median(&p50),
+                    p90_ns: median(&q(0.9)),
+                    p99_ns: median(&q(0.99)),
+                    p999_ns: median(&q(0.999)),
+                    max_ns: hists.iter().map(|h| h.max()).max().unwrap_or(0) as f64,
+                    count: hists.iter().map(|h| h.len()).sum(),
+                    p50_min_ns: lo,
+                    p50_max_ns: hi,
+                    rounds_p50_ns: p50,
+                });
+                if let Some(raw) = raw {
+                    let rq = |p: f64| -> Vec<f64> {
+                        raw.iter()
+                            .filter_map(|s| match &s.1 {
+                                Sample::Latency(h) if !h.is_empty() => {
+                                    Some(h.value_at_quantile(p) as f64)
+                                }
+                                _ => None,
+                            })
+                            .collect()
+                    };
+                    let lat = row.latency.as_ref().expect("just set");
+                    let r50 = rq(0.5);
+                    let ratios: Vec<f64> = lat
+                        .rounds_p50_ns
+                        .iter()
+                        .zip(&r50)
+                        .map(|(a, b)| a / b)
+                        .collect();
+                    row.ratio_to_raw = (!ratios.is_empty()).then(|| median(&ratios));
+                    let r99 = rq(0.99);
+                    row.p99_ratio_to_raw = (!r99.is_empty()).then(|| lat.p99_ns / median(&r99));
+                }
+            }
+            let flows: Vec<&Stream> = samples
+                .iter()
+                .filter_map(|s| match &s.1 {
+                    Sample::Flow(f) => Some(f),
+                    _ => None,
+                })
+                .collect();
+            if !flows.is_empty() {
+                let rate = |f: &Stream| {
+                    if f.secs > 0.0 {
+                        f.bytes as f64 * 8.0 / f.secs / 1e9
+                    } else {
+                        0.0
+                    }
+                };
+                let per: Vec<f64> = flows.iter().map(|f| rate(f)).collect();
+                let (bytes, msgs, secs) = flows.iter().fold((0, 0, 0.0), |a, f| {
+                    (a.0 + f.bytes, a.1 + f.msgs, a.2 + f.secs)
+                });
+                let (lo, hi) = min_max(&per);
+                let (gbit_s, msgs_per_s) = if secs > 0.0 {
+                    (bytes as f64 * 8.0 / secs / 1e9, msgs as f64 / secs)
+                } else {
+                    (0.0, 0.0)
+                };
+                row.flow = Some(Flow {
+                    bytes,
+                    msgs,
+                    seconds: secs,
+                    gbit_s,
+                    msgs_per_s,
+                    gbit_s_min: lo,
+                    gbit_s_max: hi,
+                    rounds_gbit_s: per.clone(),
+                });
+                if let Some(raw) = raw {
+                    let by = |f: &Stream| {
+                        if test == Test::Msgrate {
+                            f.msgs as f64 / f.secs.max(1e-12)
+                        } else {
+                            rate(f)
+                        }
+                    };
+                    let ratios: Vec<f64> = flows
+                        .iter()
+                        .zip(raw.iter().filter_map(|s| match &s.1 {
+                            Sample::Flow(f) => Some(f),
+                            _ => None,
+                        }))
+                        .filter(|(_, r)| by(r) > 0.0)
+                        .map(|(f, r)| by(f) / by(r))
+                        .collect();
+                    row.ratio_to_raw = (!ratios.is_empty()).then(|| median(&ratios));
+                }
+            }
+            if row.latency.is_some() || row.flow.is_some() {
+                rows.push(row);
+            }
+        }
+        rows
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        })
+}
+
+/// `1.5 KiB`-style sizes.
+pub fn human(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{}M", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{}K", s >> 10),
+        s => s.to_string(),
+    }
+}
+
+impl Report {
+    /// The terminal tables: one per test, a line per size, a column per transport.
+    pub fn table(&self, transports: &[Transport]) -> String {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "emx-bench: {} ({}, MTU {}, {} CPUs), {} round(s) per point, transports alternating",
+            self.link,
+            if self.hugepages {
+                "hugepages"
+            } else {
+                "no hugepages"
+            },
+            self.mtu,
+            self.cpus,
+            self.rounds
+        );
+        for test in [Test::Latency, Test::Bandwidth, Test::Bibw, Test::Msgrate] {
+            let rows: Vec<&Row> = self.rows.iter().filter(|r| r.test == test).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let cols: Vec<Transport> = transports
+                .iter()
+                .copied()
+                .filter(|t| rows.iter().any(|r| r.transport == *t))
+                .collect();
+            let title = match test {
+                Test::Latency => "round trip, microseconds: p50 (p99), p50 ratio to raw",
+                Test::Bandwidth => "one-way streaming, Gbit/s of payload, ratio to raw",
+                Test::Bibw => "both directions at once, Gbit/s of payload (sum), ratio to raw",
+                _ => "message rate, millions of messages per second, ratio to raw",
+            };
+            let _ = writeln!(o, "\n{test:?}: {title}");
+            let _ = write!(o, "{:>8}", "size");
+            for t in &cols {
+                let _ = write!(o, " {:>24}", t.label());
+            }
+            o.push('\n');
+            let mut sizes: Vec<usize> = rows.iter().map(|r| r.size).collect();
+            sizes.dedup();
+            for size in sizes {
+                let _ = write!(o, "{:>8}", human(size));
+                for t in &cols {
+                    let cell = rows
+                        .iter()
+                        .find(|r| r.size == size && r.transport == *t)
+                        .map(|r| cell(r))
+                        .unwrap_or_else(|| "-".into());
+                    let _ = write!(o, " {cell:>24}");
+                }
+                o.push('\n');
+            }
+        }
+        if !self.skipped.is_empty() {
+            let _ = writeln!(o, "\nnot measured:");
+            for s in &self.skipped {
+                let _ = writeln!(o, "  {s}");
+            }
+        }
+        let _ = writeln!(
+            o,
+            "\n(medians over rounds; ratios are medians of per-round ratios against raw in the same run)"
+        );
+        o
+    }
+}
+
+fn cell(r: &Row) -> String {
+    let ratio = match (r.transport, r.ratio_to_raw) {
+        (Transport::Raw, _) | (_, None) => String::new(),
+        (_, Some(x)) => format!(" {x:.2}x"),
+    };
+    if let Some(l) = &r.latency {
+        return format!("{:.2} ({:.2}){ratio}", l.p50_ns / 1e3, l.p99_ns / 1e3);
+    }
+    if let Some(f) = &r.flow {
+        if r.test == Test::Msgrate {
+            return format!("{:.2}{ratio}", f.msgs_per_s / 1e6);
+        }
+        return format!("{:.2}{ratio}", f.gbit_s);
+    }
+    "-".into()
+}
+
+/// A chart: its test, title, whether the y axis is logarithmic, and the value plotted.
+type Chart = (Test, &'static str, bool, fn(&Row) -> Option<f64>);
+
+/// An SVG with two charts side by side: latency p50 against size (log-log)
+/// and bandwidth against size (log x), one line per transport.
+pub fn svg(report: &Report, transports: &[Transport]) -> String {
+    const W: f64 = 560.0;
+    const H: f64 = 380.0;
+    let colors = [
+        "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
+    ];
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">"#,
+        2.0 * W,
+        H + 40.0
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="10" y="20" font-size="14">emx-bench: {} (MTU {})</text>"#,
+        xml(&report.link),
+        report.mtu
+    );
+    let charts: [Chart; 2] = [
+        (Test::Latency, "round trip p50 (us)", true, |r| {
+            r.latency.as_ref().map(|l| l.p50_ns / 1e3)
+        }),
+        (Test::Bandwidth, "one-way bandwidth (Gbit/s)", false, |r| {
+            r.flow.as_ref().map(|f| f.gbit_s)
+        }),
+    ];
+    for (k, (test, label, log_y, value)) in charts.iter().enumerate() {
+        let x0 = k as f64 * W + 60.0;
+        let (pw, ph, y0) = (W - 90.0, H - 70.0, 40.0);
+        let pts: Vec<(Transport, f64, f64)> = report
+            .rows
+            .iter()
+            .filter(|r| r.test == *test)
+            .filter_map(|r| value(r).map(|v| (r.transport, r.size.max(1) as f64, v)))
+            .filter(|p| p.2 > 0.0 && p.2.is_finite())
+            .collect();
+        let _ = writeln!(
+            o,
+            r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="{}" y="{}" text-anchor="middle">{label}</text>"#,
+            x0 + pw / 2.0,
+            y0 - 6.0
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="{}" y="{}" text-anchor="middle">message size (bytes)</text>"#,
+            x0 + pw / 2.0,
+            y0 + ph + 34.0
+        );
+        if pts.is_empty() {
+            continue;
+        }
+        let lx = |x: f64| x.log2();
+        let (xmin, xmax) = pts.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |a, p| {
+            (a.0.min(lx(p.1)), a.1.max(lx(p.1)))
+        });
+        let ty = |v: f64| if *log_y { v.log10() } else { v };
+        let (mut ymin, ymax) = pts.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |a, p| {
+            (a.0.min(ty(p.2)), a.1.max(ty(p.2)))
+        });
+        if !*log_y {
+            ymin = 0.0;
+        }
+        let (xspan, yspan) = ((xmax - xmin).max(1.0), (ymax - ymin).max(1e-9));
+        let px = |x: f64| x0 + (lx(x) - xmin) / xspan * pw;
+        let py = |v: f64| y0 + ph - (ty(v) - ymin) / yspan * ph;
+        // Axis ticks: sizes at every other power of four, values at 5 levels.
+        let mut e = xmin.ceil() as i32;
+        while f64::from(e) <= xmax {
+            let x = x0 + (f64::from(e) - xmin) / xspan * pw;
+            let _ = writeln!(
+                o,
+                r##"<line x1="{x}" y1="{}" x2="{x}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle">{}</text>"##,
+                y0,
+                y0 + ph,
+                y0 + ph + 16.0,
+                human(1usize << e)
+            );
+            e += 4;
+        }
+        for i in 0..=4 {
+            let t = ymin + yspan * f64::from(i) / 4.0;
+            let v = if *log_y { 10f64.powf(t) } else { t };
+            let y = y0 + ph - f64::from(i) / 4.0 * ph;
+            let _ = writeln!(
+                o,
+                r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+                x0 + pw,
+                x0 - 4.0,
+                y + 4.0,
+                short(v)
+            );
+        }
+        for (i, t) in transports.iter().enumerate() {
+            let mut line: Vec<(f64, f64)> = pts
+                .iter()
+                .filter(|p| p.0 == *t)
+                .map(|p| (px(p.1), py(p.2)))
+                .collect();
+            if line.is_empty() {
+                continue;
+            }
+            line.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let c = colors[i % colors.len()];
+            let path: Vec<String> = line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+            let _ = writeln!(
+                o,
+                r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"/>"#,
+                path.join(" ")
+            );
+            let ly = y0 + 14.0 + 16.0 * i as f64;
+            let _ = writeln!(
+                o,
+                r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{c}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
+                x0 + 8.0,
+                ly - 4.0,
+                x0 + 28.0,
+                ly - 4.0,
+                x0 + 32.0,
+                ly,
+                t.label()
+            );
+        }
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+fn short(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}

@@ -1,0 +1,1124 @@
+//! One benchmark session: a link (see [`crate::link`]), the pinger on the
+//! calling thread (side A) and an echo thread (side B), pinned to different
+//! cores where there are two. The echo thread is told what to do through a
+//! small control block: each command has a generation, which also serves as
+//! the match bits of its emx messages, so that nothing of one measurement can
+//! be mistaken for the next.
+//!
+//! Transports on the link:
+//! - `raw`: DPDK frames with no protocol, through `dpdk-ffi`'s safe types. A
+//!   message of n bytes is as many MTU-sized frames as it needs, each
+//!   stamped with the iteration, so that a lost frame costs a retry, not a
+//!   hang. The floor of the link.
+//! - `ffi`: the one-frame raw ping-pong written against the bindings
+//!   directly, to check what the safe types cost.
+//! - `emx`: emx messages, inline progress on both sides; `emx-thread`: the
+//!   pinger's engine runs a polling thread and is reached through its rings.
+//!   emx buffers come from registered memory, so that sends are zero-copy.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dpdk_ffi::{Burst, Eal, ExtBuf, ExtMem, HugepageMode, Mbuf, Mempool, RxQueue, TxQueue};
+use emx::io::DpdkIo;
+use emx::proto::Addr;
+use emx::runtime::{
+    Endpoint, Engine, EngineConfig, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf, Request,
+    SendBuf,
+};
+use hdrhistogram::Histogram;
+
+use crate::link::{Channel, End, Link, LinkKind, EMX_INLINE, EMX_THREAD, RAW};
+use crate::raw;
+
+/// EtherType of raw benchmark frames (emx uses 0x88B5).
+const RAW_ETHERTYPE: u16 = 0x88B6;
+/// Raw frame header: Ethernet, then iteration and frame index.
+const RAW_HDR: usize = 14 + 8;
+/// Bytes of registered memory per side.
+const REGION: usize = 80 << 20;
+const PINGER: Addr = Addr::new(1, 0);
+const ECHO: Addr = Addr::new(2, 0);
+
+/// A transport measured on the link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    /// DPDK frames, no protocol: the floor of the link.
+    Raw,
+    /// One-frame raw ping-pong on the bindings directly (latency only).
+    Ffi,
+    /// emx, inline progress.
+    Emx,
+    /// emx, the pinger's engine on a polling thread, reached through rings.
+    EmxThread,
+    /// Kernel UDP sockets between the namespaces (veth link only).
+    Udp,
+    /// Kernel TCP sockets between the namespaces (veth link only).
+    Tcp,
+}
+
+impl Transport {
+    /// Its name in tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Transport::Raw => "raw",
+            Transport::Ffi => "ffi",
+            Transport::Emx => "emx",
+            Transport::EmxThread => "emx-thread",
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+/// What the echo thread does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cmd {
+    /// Keep the emx endpoints answering (acknowledgements).
+    Idle,
+    /// Sleep, leaving the core to others (kernel baselines).
+    Pause,
+    Stop,
+    /// Echo raw messages of `frames` frames.
+    RawPong {
+        frames: u32,
+    },
+    /// Echo one frame at a time on the bindings.
+    FfiPong,
+    /// Echo emx messages of `size` bytes on endpoint `ep`.
+    EmxPong {
+        ep: usize,
+        size: usize,
+    },
+    /// Count raw frames; when `back` is given, stream frames of that length back.
+    RawSink {
+        back: Option<usize>,
+    },
+    /// Count emx messages of `size`; `depth` receives posted; when `back`,
+    /// stream messages of `size` back with `depth` in flight.
+    EmxSink {
+        ep: usize,
+        size: usize,
+        depth: usize,
+        back: bool,
+    },
+}
+
+/// The control block shared with the echo thread.
+struct Ctl {
+    gen: AtomicU64,
+    cmd: Mutex<Cmd>,
+    /// The generation the echo thread runs (it acknowledges a switch).
+    running: AtomicU64,
+    /// What the echo side received in a stream: bytes, messages, and the TSC
+    /// of the first and the last arrival.
+    bytes: AtomicU64,
+    msgs: AtomicU64,
+    first: AtomicU64,
+    last: AtomicU64,
+    /// Streams back (bibw) stop when set.
+    stop: AtomicBool,
+    /// emx messages the echo side sent back in this command, and whether
+    /// all of them are done (after `stop`).
+    sent_back: AtomicU64,
+    back_done: AtomicBool,
+}
+
+impl Ctl {
+    fn count(&self, bytes: u64) {
+        let now = dpdk_ffi::rdtsc();
+        if self.msgs.load(Ordering::Relaxed) == 0 {
+            self.first.store(now, Ordering::Relaxed);
+        }
+        self.last.store(now, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.msgs.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// One measured stream.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stream {
+    /// Bytes received (both directions for bibw).
+    pub bytes: u64,
+    /// Messages received.
+    pub msgs: u64,
+    /// Seconds from the first to the last arrival.
+    pub secs: f64,
+}
+
+/// Pacing of one measurement.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    /// Warm-up, not measured.
+    pub warmup: Duration,
+    /// Measured time.
+    pub time: Duration,
+    /// At most this many measured iterations (ping-pongs or messages).
+    pub max_iters: Option<u64>,
+}
+
+impl Pace {
+    fn enough(&self, start: Instant, iters: u64) -> bool {
+        // At least a few iterations even when one takes longer than `time`.
+        (start.elapsed() >= self.time && iters >= 3) || self.max_iters.is_some_and(|m| iters >= m)
+    }
+}
+
+/// A message buffer of the benchmark: registered memory, or nothing for
+/// zero-byte messages (registered ranges are never empty).
+enum Mem {
+    Ext(ExtBuf),
+    Empty,
+}
+
+impl From<SendBuf> for Mem {
+    fn from(b: SendBuf) -> Mem {
+        match b {
+            SendBuf::Registered(b) => Mem::Ext(b),
+            SendBuf::Owned(_) => Mem::Empty,
+        }
+    }
+}
+
+impl From<RecvBuf> for Mem {
+    fn from(b: RecvBuf) -> Mem {
+        match b {
+            RecvBuf::Registered(b) => Mem::Ext(b),
+            _ => Mem::Empty,
+        }
+    }
+}
+
+impl Mem {
+    fn send(self) -> SendBuf {
+        match self {
+            Mem::Ext(b) => SendBuf::Registered(b),
+            Mem::Empty => SendBuf::Owned(Vec::new()),
+        }
+    }
+    fn recv(self) -> RecvBuf {
+        match self {
+            Mem::Ext(b) => RecvBuf::Registered(b),
+            Mem::Empty => RecvBuf::Owned(Vec::new()),
+        }
+    }
+}
+
+/// emx state of one side: an endpoint and its registered buffers.
+struct EmxSide {
+    ep: Endpoint,
+    peer: Addr,
+    region: ExtMem,
+    free: Vec<Mem>,
+    size: usize,
+    posted: VecDeque<Request>,
+    sends: VecDeque<Request>,
+}
+
+impl EmxSide {
+    fn new(ep: Endpoint, peer: Addr, region: ExtMem) -> EmxSide {
+        EmxSide {
+            ep,
+            peer,
+            region,
+            free: Vec::new(),
+            size: usize::MAX,
+            posted: VecDeque::new(),
+            sends: VecDeque::new(),
+        }
+    }
+
+    /// Makes sure `n` free buffers of `size` bytes exist (all requests must be done).
+    fn buffers(&mut self, size: usize, n: usize) -> Result<(), String> {
+        if self.size != size {
+            self.free.clear();
+            self.size = size;
+        }
+        while self.free.len() < n {
+            if size == 0 {
+                self.free.push(Mem::Empty);
+                continue;
+            }
+            let b = self
+                .region
+                .alloc(size, 64)
+                .map_err(|e| format!("registered memory for {n} x {size} B: {e}"))?;
+            self.free.push(Mem::Ext(b));
+        }
+        Ok(())
+    }
+
+    fn post(&mut self, tag: u64) -> bool {
+        let Some(b) = self.free.pop() else {
+            return false;
+        };
+        match self.ep.irecv(Some(self.peer), tag, u64::MAX, b.recv()) {
+            Ok(r) => {
+                self.posted.push_back(r);
+                true
+            }
+            Err(r) => {
+                self.free.push(r.buf.into());
+                false
+            }
+        }
+    }
+
+    fn send(&mut self, tag: u64) -> bool {
+        let Some(b) = self.free.pop() else {
+            return false;
+        };
+        self.send_buf(tag, b)
+    }
+
+    fn send_buf(&mut self, tag: u64, b: Mem) -> bool {
+        match self.ep.isend(self.peer, tag, b.send()) {
+            Ok(s) => {
+                self.sends.push_back(s);
+                true
+            }
+            Err(r) => {
+                self.free.push(r.buf.into());
+                false
+            }
+        }
+    }
+
+    /// The oldest receive, if finished: its buffer and length.
+    fn recv_done(&mut self) -> Result<Option<(Mem, u64)>, String> {
+        let Some(&r) = self.posted.front() else {
+            return Ok(None);
+        };
+        let Some(c) = self.ep.test(r).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        self.posted.pop_front();
+        let (b, info) = c.into_recv().map_err(|e| e.to_string())?;
+        Ok(Some((b.into(), info.msg_len)))
+    }
+
+    /// Takes finished sends (in order); returns how many.
+    fn sends_done(&mut self) -> Result<usize, String> {
+        let mut n = 0;
+        while let Some(&s) = self.sends.front() {
+            let Some(c) = self.ep.test(s).map_err(|e| e.to_string())? else {
+                break;
+            };
+            self.sends.pop_front();
+            self.free
+                .push(c.into_send().map_err(|e| e.to_string())?.into());
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Ends a measurement: cancels the receives still posted and waits for
+    /// every send (the peer is still answering).
+    fn quiesce(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for r in std::mem::take(&mut self.posted) {
+            let _ = self.ep.cancel(r);
+            let c = self.ep.wait(r).map_err(|e| e.to_string())?;
+            if let emx::runtime::Buf::Recv(b) = c.buf {
+                self.free.push(b.into());
+            }
+        }
+        while !self.sends.is_empty() {
+            self.ep.progress();
+            self.sends_done()?;
+            if Instant::now() > deadline {
+                return Err("emx sends did not finish within 30 s".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A running session.
+pub struct Session {
+    /// The link's name.
+    pub link_name: String,
+    /// Whether the EAL runs on hugepages.
+    pub hugepages: bool,
+    /// Frame payload limit.
+    pub mtu: u16,
+    hz: f64,
+    cores: (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>),
+    ctl: Arc<Ctl>,
+    echo: Option<std::thread::JoinHandle<Result<(), String>>>,
+    pool: Mempool,
+    raw: (RxQueue, TxQueue),
+    raw_hdr: [u8; 14],
+    emx: [EmxSide; 2],
+    _engines: Vec<Engine>,
+    // Dropped last: the namespaces of a veth link go after the ports.
+    link: Link,
+    _eal: Eal,
+}
+
+fn engine(
+    end: &End,
+    pool: &Mempool,
+    node: u16,
+    peer: (u16, [u8; 6]),
+    progress: ProgressMode,
+) -> Result<(Engine, Endpoint), String> {
+    let cfg = EngineConfig {
+        progress,
+        peers: vec![PeerConfig {
+            node: peer.0,
+            endpoint: 0,
+            mac: peer.1,
+        }],
+        // Each side's engine sits undriven while other transports run.
+        protocol: ProtocolConfig {
+            peer_timeout_us: Some(30_000_000),
+            ..ProtocolConfig::default()
+        },
+        ..EngineConfig::new(node)
+    };
+    let io = DpdkIo::new(&end.port, end.queue, pool).map_err(|e| e.to_string())?;
+    let mut engine = Engine::start(&cfg, io).map_err(|e| e.to_string())?;
+    let ep = engine.endpoint().map_err(|e| e.to_string())?;
+    Ok((engine, ep))
+}
+
+/// An mbuf data room that holds a whole frame of this MTU in one segment.
+fn data_room(mtu: u16) -> u16 {
+    dpdk_ffi::DEFAULT_DATA_ROOM.max(mtu.saturating_add(18 + 128))
+}
+
+impl Session {
+    /// Starts the EAL, opens the link and starts the echo thread.
+    pub fn start(kind: LinkKind, hugepages: HugepageMode, mtu: u16) -> Result<Session, String> {
+        let eal = dpdk_ffi::Eal::builder()
+            .hugepages(hugepages)
+            .init()
+            .map_err(|e| e.to_string())?;
+        let pool =
+            Mempool::new(&eal, "bench", 32767, 256, data_room(mtu)).map_err(|e| e.to_string())?;
+        let link = Link::open(kind, &eal, &pool, mtu)?;
+        let cores = core_affinity::get_core_ids().unwrap_or_default();
+        let (ping_core, echo_core) = match cores.as_slice() {
+            [] => (None, None),
+            [only] => (Some(*only), Some(*only)),
+            [first, .., last] => (Some(*first), Some(*last)),
+        };
+        let ctl = Arc::new(Ctl {
+            gen: AtomicU64::new(0),
+            cmd: Mutex::new(Cmd::Idle),
+            running: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            msgs: AtomicU64::new(0),
+            first: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            sent_back: AtomicU64::new(0),
+            back_done: AtomicBool::new(false),
+        });
+        let ch = |i: usize| -> &Channel { &link.channels[i] };
+        let mut engines = Vec::new();
+        let echo = {
+            let raw_b = &ch(RAW).b;
+            let rx = raw_b
+                .port
+                .rx_queue(raw_b.queue)
+                .map_err(|e| e.to_string())?;
+            let tx = raw_b
+                .port
+                .tx_queue(raw_b.queue)
+                .map_err(|e| e.to_string())?;
+            let region = ExtMem::new(&eal, REGION).map_err(|e| e.to_string())?;
+            let mut sides = Vec::new();
+            for c in [EMX_INLINE, EMX_THREAD] {
+                let peer_mac = ch(c).a.port.mac();
+                let (g, ep) = engine(&ch(c).b, &pool, 2, (1, peer_mac), ProgressMode::Inline)?;
+                engines.push(g);
+                sides.push(EmxSide::new(ep, PINGER, region.clone()));
+            }
+            let ffi = (raw_b.port.id(), raw_b.queue);
+            let ctl = ctl.clone();
+            let (eal, pool) = (eal.clone(), pool.clone());
+            let mut hdr = [0u8; 14];
+            hdr[0..6].copy_from_slice(&ch(RAW).a.port.mac());
+            hdr[6..12].copy_from_slice(&raw_b.port.mac());
+            hdr[12..14].copy_from_slice(&RAW_ETHERTYPE.to_be_bytes());
+            let sides: [EmxSide; 2] = sides.try_into().map_err(|_| "two echo endpoints")?;
+            std::thread::Builder::new()
+                .name("echo".into())
+                .spawn(move || {
+                    if let Some(c) = echo_core {
+                        core_affinity::set_for_current(c);
+                    }
+                    let _reg =
+                        dpdk_ffi::ThreadRegistration::register(&eal).map_err(|e| e.to_string())?;
+                    Echo {
+                        ctl,
+                        pool,
+                        rx,
+                        tx,
+                        hdr,
+                        ffi,
+                        emx: sides,
+                    }
+                    .run()
+                })
+                .map_err(|e| e.to_string())?
+        };
+        if let Some(c) = ping_core {
+            core_affinity::set_for_current(c);
+        }
+        let raw_a = &ch(RAW).a;
+        let raw = (
+            raw_a
+                .port
+                .rx_queue(raw_a.queue)
+                .map_err(|e| e.to_string())?,
+            raw_a
+                .port
+                .tx_queue(raw_a.queue)
+                .map_err(|e| e.to_string())?,
+        );
+        let mut raw_hdr = [0u8; 14];
+        raw_hdr[0..6].copy_from_slice(&ch(RAW).b.port.mac());
+        raw_hdr[6..12].copy_from_slice(&raw_a.port.mac());
+        raw_hdr[12..14].copy_from_slice(&RAW_ETHERTYPE.to_be_bytes());
+        let region = ExtMem::new(&eal, REGION).map_err(|e| e.to_string())?;
+        let peer = |c: usize| (2, ch(c).b.port.mac());
+        let (g1, e1) = engine(
+            &ch(EMX_INLINE).a,
+            &pool,
+            1,
+            peer(EMX_INLINE),
+            ProgressMode::Inline,
+        )?;
+        // The polling thread shares the pinger's core: the echo thread spins
+        // on the other one. The pinger parks while it waits.
+        let (g2, e2) = engine(
+            &ch(EMX_THREAD).a,
+            &pool,
+            1,
+            peer(EMX_THREAD),
+            ProgressMode::Thread {
+                core: ping_core.map(|c| c.id),
+                spin: false,
+            },
+        )?;
+        engines.extend([g1, g2]);
+        Ok(Session {
+            link_name: link.name.clone(),
+            hugepages: eal.uses_hugepages(),
+            mtu,
+            hz: dpdk_ffi::tsc_hz(&eal) as f64,
+            cores: (ping_core, echo_core),
+            ctl,
+            echo: Some(echo),
+            pool,
+            raw,
+            raw_hdr,
+            emx: [
+                EmxSide::new(e1, ECHO, region.clone()),
+                EmxSide::new(e2, ECHO, region),
+            ],
+            _engines: engines,
+            link,
+            _eal: eal,
+        })
+    }
+
+    /// The veth pair of the raw channel, for kernel baselines.
+    pub fn veth(&self) -> Option<&crate::netns::VethPair> {
+        self.link.veth.first()
+    }
+
+    /// The pinger's and the echo's cores.
+    pub fn cores(&self) -> (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>) {
+        self.cores
+    }
+
+    /// Runs `f` with the echo thread asleep, so that it leaves its core to
+    /// what `f` runs there (the kernel baselines).
+    pub fn paused<T>(&mut self, f: impl FnOnce(&Session) -> T) -> Result<T, String> {
+        self.command(Cmd::Pause)?;
+        let r = f(self);
+        self.command(Cmd::Idle)?;
+        Ok(r)
+    }
+
+    /// Tells the echo thread what to do next and waits until it does.
+    fn command(&mut self, cmd: Cmd) -> Result<u64, String> {
+        let gen = {
+            let mut c = self.ctl.cmd.lock().expect("control lock");
+            *c = cmd;
+            self.ctl.stop.store(false, Ordering::Release);
+            self.ctl.gen.fetch_add(1, Ordering::AcqRel) + 1
+        };
+        let t = Instant::now();
+        while self.ctl.running.load(Ordering::Acquire) != gen {
+            if self.echo.as_ref().is_none_or(|h| h.is_finished()) {
+                return Err("the echo thread stopped".into());
+            }
+            // Keep our engines answering while the echo side finishes.
+            for s in &mut self.emx {
+                s.ep.progress();
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                return Err("the echo thread does not answer".into());
+            }
+            std::thread::yield_now();
+        }
+        Ok(gen)
+    }
+
+    fn ns(&self, ticks: u64) -> f64 {
+        ticks as f64 * 1e9 / self.hz
+    }
+
+    fn raw_frames(&self, size: usize) -> u32 {
+        let per = usize::from(self.mtu) - 8;
+        size.div_ceil(per).max(1) as u32
+    }
+
+    /// Round trips of `size`-byte messages; nanoseconds in a histogram.
+    pub fn latency(
+        &mut self,
+        t: Transport,
+        size: usize,
+        pace: Pace,
+    ) -> Result<Histogram<u64>, String> {
+        let mut hist =
+            Histogram::<u64>::new_with_bounds(1, 100_000_000_000, 3).map_err(|e| e.to_string())?;
+        match t {
+            Transport::Raw => {
+                let frames = self.raw_frames(size);
+                self.command(Cmd::RawPong { frames })?;
+                let mut iter = 0u32;
+                self.measure(pace, &mut hist, |s| {
+                    iter = iter.wrapping_add(1);
+                    s.raw_ping(iter, size, frames)
+                })?;
+            }
+            Transport::Ffi => {
+                if size + RAW_HDR > usize::from(self.mtu) + 14 {
+                    return Err("ffi measures one-frame messages only".into());
+                }
+                self.command(Cmd::FfiPong)?;
+                let mut frame = vec![0u8; (RAW_HDR + size).max(60)];
+                frame[..14].copy_from_slice(&self.raw_hdr);
+                let (port, queue) = (self.raw.1.port_id(), self.raw.1.queue_id());
+                let pool = self.pool.clone();
+                self.measure(pace, &mut hist, |_| {
+                    if raw::ping(port, queue, &pool, &frame) {
+                        Ok(true)
+                    } else {
+                        Err(format!("mempool `{}` exhausted", pool.name()))
+                    }
+                })?;
+            }
+            Transport::Emx | Transport::EmxThread => {
+                let ep = usize::from(t == Transport::EmxThread);
+                let gen = self.command(Cmd::EmxPong { ep, size })?;
+                self.emx[ep].buffers(size, 2)?;
+                self.measure(pace, &mut hist, |s| s.emx_ping(ep, gen))?;
+                self.emx[ep].quiesce()?;
+            }
+            Transport::Udp | Transport::Tcp => {
+                return Err("kernel transports are measured by crate::kernel".into())
+            }
+        }
+        self.command(Cmd::Idle)?;
+        Ok(hist)
+    }
+
+    /// Runs `once` (one round trip; `Ok(false)`: lost, not recorded) until
+    /// the pace says enough, recording after the warm-up.
+    fn measure(
+        &mut self,
+        pace: Pace,
+        hist: &mut Histogram<u64>,
+        mut once: impl FnMut(&mut Session) -> Result<bool, String>,
+    ) -> Result<(), String> {
+        let start = Instant::now();
+        while start.elapsed() < pace.warmup {
+            once(self)?;
+        }
+        let start = Instant::now();
+        let mut lost = 0u64;
+        while !pace.enough(start, hist.len()) {
+            let t0 = dpdk_ffi::rdtsc();
+            let ok = once(self)?;
+            let dt = dpdk_ffi::rdtsc().wrapping_sub(t0);
+            if ok {
+                hist.saturating_record((self.ns(dt) as u64).max(1));
+            } else {
+                lost += 1;
+                if lost > 1000 && hist.is_empty() {
+                    return Err("every round trip is lost".into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One raw round trip of `frames` frames; `false` when a frame was lost.
+    fn raw_ping(&mut self, iter: u32, size: usize, frames: u32) -> Result<bool, String> {
+        let per = usize::from(self.mtu) - 8;
+        let (rx, tx) = (&mut self.raw.0, &mut self.raw.1);
+        let mut burst: Burst = Burst::new();
+        let mut sent = 0u32;
+        while sent < frames {
+            while burst.room() > 0 && sent + (burst.len() as u32) < frames {
+                let i = sent + burst.len() as u32;
+                let len = (size - (i as usize * per).min(size)).min(per);
+                let m = raw_frame(&self.pool, &self.raw_hdr, iter, i, len)?;
+                let _ = burst.push(m);
+            }
+            sent += tx.tx_burst(&mut burst) as u32;
+        }
+        let mut got = 0u32;
+        let t = Instant::now();
+        let mut inb: Burst = Burst::new();
+        while got < frames {
+            if rx.rx_burst(&mut inb) == 0 {
+                if t.elapsed() > Duration::from_millis(200) {
+                    return Ok(false);
+                }
+                continue;
+            }
+            for m in inb.drain() {
+                if frame_iter(&m) == Some(iter) {
+                    got += 1;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// One emx round trip: post the reply's receive, send, wait for both.
+    fn emx_ping(&mut self, ep: usize, tag: u64) -> Result<bool, String> {
+        let s = &mut self.emx[ep];
+        if !s.post(tag) || !s.send(tag) {
+            return Err("emx refused a request".into());
+        }
+        let (r, x) = (s.posted[0], s.sends[0]);
+        let (mut rdone, mut sdone) = (false, false);
+        while !(rdone && sdone) {
+            let (i, c) = match (rdone, sdone) {
+                (false, false) => s.ep.wait_any(&[r, x]).map_err(|e| e.to_string())?,
+                (false, true) => (0, s.ep.wait(r).map_err(|e| e.to_string())?),
+                _ => (1, s.ep.wait(x).map_err(|e| e.to_string())?),
+            };
+            if i == 0 {
+                s.posted.pop_front();
+                let (b, _) = c.into_recv().map_err(|e| e.to_string())?;
+                s.free.push(b.into());
+                rdone = true;
+            } else {
+                s.sends.pop_front();
+                s.free
+                    .push(c.into_send().map_err(|e| e.to_string())?.into());
+                sdone = true;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Streams `size`-byte messages to the echo side (and, when `bidir`,
+    /// back at the same time) for the pace's time, `window` in flight.
+    pub fn stream(
+        &mut self,
+        t: Transport,
+        size: usize,
+        window: usize,
+        bidir: bool,
+        pace: Pace,
+    ) -> Result<Stream, String> {
+        let mine = match t {
+            Transport::Raw => self.raw_stream(size, bidir, pace)?,
+            Transport::Emx | Transport::EmxThread => {
+                let ep = usize::from(t == Transport::EmxThread);
+                self.emx_stream(ep, size, window, bidir, pace)?
+            }
+            _ => return Err(format!("{} does not stream here", t.label())),
+        };
+        let first = self.ctl.first.load(Ordering::Acquire);
+        let last = self.ctl.last.load(Ordering::Acquire);
+        let theirs = Stream {
+            bytes: self.ctl.bytes.load(Ordering::Acquire),
+            msgs: self.ctl.msgs.load(Ordering::Acquire),
+            secs: self.ns(last.wrapping_sub(first)) / 1e9,
+        };
+        self.command(Cmd::Idle)?;
+        if !bidir {
+            return Ok(theirs);
+        }
+        // Both directions: everything received, over the span of both.
+        let (f, l) = (first.min(mine.1), last.max(mine.2));
+        Ok(Stream {
+            bytes: theirs.bytes + mine.0.bytes,
+            msgs: theirs.msgs + mine.0.msgs,
+            secs: self.ns(l.wrapping_sub(f)) / 1e9,
+        })
+    }
+
+    /// Returns what this side received (bibw) and its first and last TSC.
+    fn raw_stream(
+        &mut self,
+        size: usize,
+        bidir: bool,
+        pace: Pace,
+    ) -> Result<(Stream, u64, u64), String> {
+        let per = usize::from(self.mtu) - 8;
+        let len = size.clamp(1, per);
+        self.command(Cmd::RawSink {
+            back: bidir.then_some(len),
+        })?;
+        let mut got = (Stream::default(), 0u64, 0u64);
+        let mut burst: Burst = Burst::new();
+        let mut inb: Burst = Burst::new();
+        let end = Instant::now() + pace.warmup + pace.time;
+        let mut n = 0u64;
+        while Instant::now() < end && pace.max_iters.is_none_or(|m| n < m) {
+            while burst.room() > 0 {
+                let m = raw_frame(&self.pool, &self.raw_hdr, 0, 0, len)?;
+                let _ = burst.push(m);
+            }
+            n += self.raw.1.tx_burst(&mut burst) as u64;
+            if bidir {
+                count_raw(&mut self.raw.0, &mut inb, &mut got);
+            }
+        }
+        drop(burst);
+        self.ctl.stop.store(true, Ordering::Release);
+        settle(|| {
+            if bidir {
+                count_raw(&mut self.raw.0, &mut inb, &mut got);
+            }
+            self.ctl.msgs.load(Ordering::Acquire) + got.0.msgs
+        });
+        Ok(got)
+    }
+
+    fn emx_stream(
+        &mut self,
+        ep: usize,
+        size: usize,
+        window: usize,
+        bidir: bool,
+        pace: Pace,
+    ) -> Result<(Stream, u64, u64), String> {
+        let gen = self.command(Cmd::EmxSink {
+            ep,
+            size,
+            depth: window,
+            back: bidir,
+        })?;
+        let s = &mut self.emx[ep];
+        s.buffers(size, if bidir { 2 * window } else { window })?;
+        let mut got = (Stream::default(), 0u64, 0u64);
+        let end = Instant::now() + pace.warmup + pace.time;
+        let mut n = 0u64;
+        loop {
+            let more = Instant::now() < end && pace.max_iters.is_none_or(|m| n < m);
+            if more {
+                while s.sends.len() < window && s.send(gen) {
+                    n += 1;
+                }
+            }
+            if bidir {
+                while s.posted.len() < window && s.post(gen) {}
+                while let Some((b, len)) = s.recv_done()? {
+                    s.free.push(b);
+                    let now = dpdk_ffi::rdtsc();
+                    if got.0.msgs == 0 {
+                        got.1 = now;
+                    }
+                    got.2 = now;
+                    got.0.msgs += 1;
+                    got.0.bytes += len;
+                }
+            }
+            if s.sends_done()? == 0 {
+                if let Some(&front) = s.sends.front() {
+                    if s.sends.len() >= window || !more {
+                        // Full window: wait for the oldest (a polling thread
+                        // may need this core, so wait parks).
+                        let c = s.ep.wait(front).map_err(|e| e.to_string())?;
+                        s.sends.pop_front();
+                        s.free
+                            .push(c.into_send().map_err(|e| e.to_string())?.into());
+                    }
+                } else {
+                    s.ep.progress();
+                }
+            }
+            if !more && s.sends.is_empty() {
+                break;
+            }
+        }
+        self.ctl.stop.store(true, Ordering::Release);
+        // emx loses nothing: wait for every message, counted, so that none is
+        // left unmatched for a later measurement.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let theirs = self.ctl.msgs.load(Ordering::Acquire);
+            let back_done = self.ctl.back_done.load(Ordering::Acquire);
+            let back = self.ctl.sent_back.load(Ordering::Acquire);
+            if theirs >= n && (!bidir || (back_done && got.0.msgs >= back)) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "stream did not drain: echo got {theirs} of {n}, we got {} of {back}",
+                    got.0.msgs
+                ));
+            }
+            s.ep.progress();
+            if bidir {
+                while let Some((b, len)) = s.recv_done()? {
+                    s.free.push(b);
+                    got.2 = dpdk_ffi::rdtsc();
+                    got.0.msgs += 1;
+                    got.0.bytes += len;
+                }
+                while s.posted.len() < window && s.post(gen) {}
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        s.quiesce()?;
+        Ok(got)
+    }
+
+    /// Stops the echo thread.
+    pub fn finish(mut self) -> Result<(), String> {
+        self.command(Cmd::Stop).ok();
+        if let Some(h) = self.echo.take() {
+            h.join().map_err(|_| "the echo thread panicked")??;
+        }
+        Ok(())
+    }
+}
+
+/// Waits until `count()` stops moving for 20 ms (what was in flight arrived).
+fn settle(mut count: impl FnMut() -> u64) {
+    let mut last = count();
+    let mut still = Instant::now();
+    let start = Instant::now();
+    while still.elapsed() < Duration::from_millis(20) && start.elapsed() < Duration::from_secs(10) {
+        let n = count();
+        if n != last {
+            last = n;
+            still = Instant::now();
+        }
+    }
+}
+
+fn count_raw(rx: &mut RxQueue, inb: &mut Burst, got: &mut (Stream, u64, u64)) {
+    if rx.rx_burst(inb) == 0 {
+        return;
+    }
+    let now = dpdk_ffi::rdtsc();
+    if got.0.msgs == 0 {
+        got.1 = now;
+    }
+    got.2 = now;
+    for m in inb.drain() {
+        got.0.msgs += 1;
+        got.0.bytes += (m.pkt_len().saturating_sub(RAW_HDR)) as u64;
+    }
+}
+
+/// A raw frame: header, iteration, index, then `len` bytes.
+fn raw_frame(
+    pool: &Mempool,
+    hdr: &[u8; 14],
+    iter: u32,
+    i: u32,
+    len: usize,
+) -> Result<Mbuf, String> {
+    let mut m = Mbuf::alloc(pool).map_err(|e| e.to_string())?;
+    let total = (RAW_HDR + len).max(60);
+    let d = m.append(total).map_err(|e| e.to_string())?;
+    d[..14].copy_from_slice(hdr);
+    d[14..18].copy_from_slice(&iter.to_le_bytes());
+    d[18..22].copy_from_slice(&i.to_le_bytes());
+    Ok(m)
+}
+
+fn frame_iter(m: &Mbuf) -> Option<u32> {
+    let d = m.data();
+    (d.len() >= RAW_HDR && d[12..14] == RAW_ETHERTYPE.to_be_bytes())
+        .then(|| u32::from_le_bytes(d[14..18].try_into().expect("4 bytes")))
+}
+
+/// The echo thread's state.
+struct Echo {
+    ctl: Arc<Ctl>,
+    pool: Mempool,
+    rx: RxQueue,
+    tx: TxQueue,
+    hdr: [u8; 14],
+    ffi: (u16, u16),
+    emx: [EmxSide; 2],
+}
+
+impl Echo {
+    fn run(mut self) -> Result<(), String> {
+        let mut seen = u64::MAX;
+        let mut cmd = Cmd::Idle;
+        let mut gen = 0;
+        // Raw pong state: the iteration being gathered and its frames.
+        let mut cur = (0u32, 0u32);
+        let mut inb: Burst = Burst::new();
+        let mut out: Burst = Burst::new();
+        loop {
+            let g = self.ctl.gen.load(Ordering::Acquire);
+            if g != seen {
+                // Finish the previous command, then take the next.
+                for s in &mut self.emx {
+                    s.quiesce()?;
+                }
+                seen = g;
+                gen = g;
+                cmd = *self.ctl.cmd.lock().expect("control lock");
+                cur = (0, 0);
+                for a in [
+                    &self.ctl.bytes,
+                    &self.ctl.msgs,
+                    &self.ctl.first,
+                    &self.ctl.last,
+                    &self.ctl.sent_back,
+                ] {
+                    a.store(0, Ordering::Relaxed);
+                }
+                self.ctl.back_done.store(false, Ordering::Relaxed);
+                if let Cmd::EmxPong { ep, size } = cmd {
+                    self.emx[ep].buffers(size, 4)?;
+                }
+                if let Cmd::EmxSink {
+                    ep, size, depth, ..
+                } = cmd
+                {
+                    self.emx[ep].buffers(size, 2 * depth)?;
+                }
+                self.ctl.running.store(g, Ordering::Release);
+            }
+            match cmd {
+                Cmd::Stop => return Ok(()),
+                Cmd::Pause => std::thread::sleep(Duration::from_micros(200)),
+                Cmd::Idle => {
+                    for s in &mut self.emx {
+                        s.ep.progress();
+                    }
+                    // Drop stray raw frames.
+                    self.rx.rx_burst(&mut inb);
+                    inb.clear();
+                }
+                Cmd::FfiPong => raw::echo_step(self.ffi.0, self.ffi.1),
+                Cmd::RawPong { frames } => {
+                    if self.rx.rx_burst(&mut inb) == 0 {
+                        continue;
+                    }
+                    for m in inb.drain() {
+                        let Some(it) = frame_iter(&m) else { continue };
+                        if it != cur.0 {
+                            cur = (it, 0);
+                        }
+                        cur.1 += 1;
+                        if frames == 1 {
+                            // One frame: send it straight back.
+                            let mut m = m;
+                            let d = m.data_mut().map_err(|e| e.to_string())?;
+                            d[..14].copy_from_slice(&self.hdr);
+                            while let Err(back) = self.tx.tx_one(m) {
+                                m = back;
+                            }
+                            cur.1 = 0;
+                        }
+                    }
+                    if frames > 1 && cur.1 == frames {
+                        let per_len = 60usize.max(RAW_HDR);
+                        let mut sent = 0;
+                        while sent < frames {
+                            while out.room() > 0 && sent + (out.len() as u32) < frames {
+                                let m =
+                                    raw_frame(&self.pool, &self.hdr, cur.0, 0, per_len - RAW_HDR)?;
+                                let _ = out.push(m);
+                            }
+                            sent += self.tx.tx_burst(&mut out) as u32;
+                        }
+                        cur.1 = 0;
+                    }
+                }
+                Cmd::EmxPong { ep, .. } => {
+                    let s = &mut self.emx[ep];
+                    if s.posted.is_empty() {
+                        s.post(gen);
+                    }
+                    s.ep.progress();
+                    if let Some((b, _)) = s.recv_done()? {
+                        s.post(gen);
+                        s.send_buf(gen, b);
+                    }
+                    s.sends_done()?;
+                }
+                Cmd::RawSink { back } => {
+                    let n = self.rx.rx_burst(&mut inb);
+                    if n > 0 {
+                        let bytes: usize = inb
+                            .iter()
+                            .map(|m| m.pkt_len().saturating_sub(RAW_HDR))
+                            .sum();
+                        inb.clear();
+                        let now = dpdk_ffi::rdtsc();
+                        let c = &self.ctl;
+                        if c.msgs.load(Ordering::Relaxed) == 0 {
+                            c.first.store(now, Ordering::Relaxed);
+                        }
+                        c.last.store(now, Ordering::Relaxed);
+                        c.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+                        c.msgs.fetch_add(n as u64, Ordering::Release);
+                    }
+                    if let Some(len) = back {
+                        if !self.ctl.stop.load(Ordering::Acquire) {
+                            while out.room() > 0 {
+                                let Ok(m) = raw_frame(&self.pool, &self.hdr, 0, 0, len) else {
+                                    break;
+                                };
+                                let _ = out.push(m);
+                            }
+                            self.tx.tx_burst(&mut out);
+                        } else {
+                            out.clear();
+                        }
+                    }
+                }
+                Cmd::EmxSink {
+                    ep, depth, back, ..
+                } => {
+                    let s = &mut self.emx[ep];
+                    while s.posted.len() < depth && s.post(gen) {}
+                    if back && !self.ctl.stop.load(Ordering::Acquire) {
+                        while s.sends.len() < depth && s.send(gen) {
+                            self.ctl.sent_back.fetch_add(1, Ordering::AcqRel);
+                        }
+                    }
+                    s.ep.progress();
+                    while let Some((b, len)) = s.recv_done()? {
+                        s.free.push(b);
+                        self.ctl.count(len);
+                    }
+                    s.sends_done()?;
+                    if back && s.sends.is_empty() && self.ctl.stop.load(Ordering::Acquire) {
+                        self.ctl.back_done.store(true, Ordering::Release);
+                    }
+                }
+            }
+        }
+    }
+}

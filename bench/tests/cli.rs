@@ -1,0 +1,290 @@
+//! emx-bench as a user runs it: each test type briefly on the memif pair with
+//! well-formed, consistent JSON; the chart; the veth link with the kernel
+//! baselines, and its namespaces removed afterwards, also when interrupted;
+//! bad options that name the fix.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_emx-bench");
+
+/// Runs emx-bench with `args` plus quick pacing; fails with its stderr.
+fn run(args: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .args(args)
+        .args([
+            "--rounds",
+            "1",
+            "--iters",
+            "40",
+            "--time-ms",
+            "20",
+            "--warmup-ms",
+            "2",
+            "--quiet",
+        ])
+        .output()
+        .expect("run emx-bench");
+    assert!(
+        out.status.success(),
+        "emx-bench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json(args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    let out = run(&a);
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64()
+        .unwrap_or_else(|| panic!("`{k}` is not a number in {v}"))
+}
+
+/// Every row is positive and consistent with itself; returns the rows.
+fn check_rows(report: &Value, test: &str) -> Vec<Value> {
+    let rows: Vec<Value> = report["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|r| r["test"] == test)
+        .cloned()
+        .collect();
+    assert!(!rows.is_empty(), "no {test} rows in {report}");
+    for r in &rows {
+        let t = r["transport"].as_str().expect("transport");
+        if test == "latency" {
+            let l = &r["latency"];
+            let p: Vec<f64> = ["p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns"]
+                .iter()
+                .map(|k| f(l, k))
+                .collect();
+            assert!(p[0] > 0.0, "{r}");
+            assert!(
+                p.windows(2).all(|w| w[0] <= w[1]),
+                "percentiles in order: {r}"
+            );
+            assert!(l["count"].as_u64().unwrap() >= 3, "{r}");
+        } else {
+            let fl = &r["flow"];
+            let (bytes, msgs, secs) = (f(fl, "bytes"), f(fl, "msgs"), f(fl, "seconds"));
+            assert!(bytes > 0.0 && msgs > 0.0 && secs > 0.0, "{r}");
+            let gbit = bytes * 8.0 / secs / 1e9;
+            assert!(
+                (f(fl, "gbit_s") - gbit).abs() <= 1e-9 * gbit,
+                "bandwidth is bytes over time: {r}"
+            );
+            let rate = msgs / secs;
+            assert!((f(fl, "msgs_per_s") - rate).abs() <= 1e-9 * rate, "{r}");
+            assert!(f(fl, "gbit_s_min") <= f(fl, "gbit_s_max"), "{r}");
+        }
+        if t != "raw" {
+            assert!(f(r, "ratio_to_raw") > 0.0, "ratio against raw: {r}");
+        }
+    }
+    rows
+}
+
+fn sizes_of(rows: &[Value], transport: &str) -> Vec<u64> {
+    rows.iter()
+        .filter(|r| r["transport"] == transport)
+        .map(|r| r["size"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn latency_json() {
+    let r = json(&["--test", "latency", "--sizes", "0,64,4K,100K"]);
+    let rows = check_rows(&r, "latency");
+    for t in ["raw", "emx", "emx-thread"] {
+        assert_eq!(sizes_of(&rows, t), [0, 64, 4096, 102_400], "{t}");
+    }
+    assert_eq!(r["link"], "memif pair, one process");
+}
+
+#[test]
+fn bandwidth_json() {
+    let r = json(&["--test", "bandwidth", "--sizes", "64,64K"]);
+    let rows = check_rows(&r, "bandwidth");
+    for t in ["raw", "emx", "emx-thread"] {
+        assert_eq!(sizes_of(&rows, t), [64, 65_536], "{t}");
+    }
+}
+
+#[test]
+fn bibw_json() {
+    let r = json(&[
+        "--test",
+        "bibw",
+        "--sizes",
+        "1K,200K",
+        "--transports",
+        "raw,emx",
+    ]);
+    let rows = check_rows(&r, "bibw");
+    assert_eq!(sizes_of(&rows, "emx"), [1024, 204_800]);
+}
+
+#[test]
+fn msgrate_json() {
+    let r = json(&["--test", "msgrate", "--msg-size", "8"]);
+    let rows = check_rows(&r, "msgrate");
+    assert_eq!(sizes_of(&rows, "emx"), [8]);
+}
+
+#[test]
+fn table_and_plot() {
+    let svg = std::env::temp_dir().join(format!("emx-bench-{}.svg", std::process::id()));
+    let out = run(&[
+        "--test",
+        "latency,bandwidth",
+        "--sizes",
+        "64,8K",
+        "--transports",
+        "raw,emx",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("Latency") && table.contains("Bandwidth"),
+        "{table}"
+    );
+    let chart = std::fs::read_to_string(&svg).expect("chart written");
+    let _ = std::fs::remove_file(&svg);
+    assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
+    assert_eq!(chart.matches("<polyline").count(), 4, "two lines per chart");
+}
+
+#[test]
+fn bad_options_name_the_fix() {
+    let out = Command::new(BIN)
+        .args(["--transports", "udp"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--link veth"), "{err}");
+    let out = Command::new(BIN).args(["--sizes", "9M"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("8M"));
+}
+
+/// Namespaces of process `pid` that still exist.
+fn namespaces_of(pid: u32) -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list (install iproute2)");
+    let prefix = format!("emxb-{pid}-");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&prefix))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn need_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the veth link needs root (network namespaces): run the tests as root"
+    );
+}
+
+#[test]
+fn veth_with_kernel_baselines() {
+    need_root();
+    let child = Command::new(BIN)
+        .args([
+            "--link",
+            "veth",
+            "--test",
+            "latency,bandwidth",
+            "--sizes",
+            "64,4K",
+            "--transports",
+            "raw,emx,udp,tcp",
+            "--rounds",
+            "1",
+            "--iters",
+            "40",
+            "--time-ms",
+            "20",
+            "--warmup-ms",
+            "2",
+            "--quiet",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for test in ["latency", "bandwidth"] {
+        let rows = check_rows(&r, test);
+        for t in ["raw", "emx", "udp", "tcp"] {
+            assert_eq!(sizes_of(&rows, t), [64, 4096], "{test} {t}");
+        }
+    }
+    assert!(namespaces_of(pid).is_empty(), "namespaces removed");
+}
+
+#[test]
+fn veth_interrupted_removes_its_namespaces() {
+    need_root();
+    let mut child = Command::new(BIN)
+        .args([
+            "--link",
+            "veth",
+            "--test",
+            "latency",
+            "--sizes",
+            "64",
+            "--transports",
+            "raw,emx",
+            "--rounds",
+            "100",
+            "--time-ms",
+            "1000",
+            "--quiet",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let t = Instant::now();
+    while namespaces_of(pid).len() < 6 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the veth link did not come up"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "emx-bench ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Let it get into the measurements.
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "interrupted: {status}");
+    assert!(namespaces_of(pid).is_empty(), "namespaces removed");
+}
