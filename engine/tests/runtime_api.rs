@@ -90,6 +90,15 @@ fn exchange(mode: ProgressMode) {
     let b = receiver.join().unwrap();
     let (peer, iostats) = a.stats(Addr::new(2, 0)).unwrap();
     assert!(peer.unwrap().frames_sent > 0 && iostats.tx_frames > 0);
+    let peers = a.peers().unwrap();
+    assert_eq!(peers.len(), 1);
+    let p = &peers[0];
+    assert_eq!((p.addr, p.mac), (Addr::new(2, 0), mb));
+    assert!(
+        !p.down && p.epoch != 0 && p.stats.frames_received > 0,
+        "{p:?}"
+    );
+    assert!(p.silent_for.is_some_and(|d| d < Duration::from_secs(5)));
     drop((a, b, ea, eb));
 }
 
@@ -231,6 +240,8 @@ fn vanished_peer_fails_requests_within_the_deadline() {
         let mut a = ea.endpoint().unwrap();
         drop(ib); // nobody will ever answer
         let t0 = Instant::now();
+        let p = &a.peers().unwrap()[0];
+        assert!(!p.down && p.epoch == 0 && p.silent_for.is_none(), "{p:?}");
         let s = a.isend(Addr::new(2, 0), 1, vec![1u8; 100_000]).unwrap();
         let r = a
             .irecv(Some(Addr::new(2, 0)), 1, u64::MAX, vec![0u8; 10])
@@ -252,6 +263,7 @@ fn vanished_peer_fails_requests_within_the_deadline() {
             "declared unreachable near the 200 ms deadline: {:?}",
             t0.elapsed()
         );
+        assert!(a.peers().unwrap()[0].down, "reported down");
     }
 }
 

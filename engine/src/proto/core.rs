@@ -547,6 +547,21 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         })
     }
 
+    /// Every peer: its id, address and Ethernet address, in the order added.
+    pub fn peers(&self) -> impl Iterator<Item = (PeerId, Addr, MacAddr)> + '_ {
+        self.peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (PeerId(i as u16), p.addr, p.mac))
+    }
+
+    /// When a frame of the peer's current session was last accepted
+    /// (`None`: never).
+    pub fn peer_last_heard(&self, peer: PeerId) -> Option<Time> {
+        let p = self.peers.get(peer.0 as usize)?;
+        (p.stats.frames_received > 0).then_some(p.last_heard)
+    }
+
     /// Core-wide counters.
     pub fn stats(&self) -> &CoreStats {
         &self.stats

@@ -286,6 +286,7 @@ enum Cmd {
     Stats {
         addr: Addr,
     },
+    Peers,
     /// Abort every outstanding request of this endpoint.
     Abort,
 }
@@ -295,6 +296,44 @@ enum Event {
     Probe(Option<ProbeInfo>),
     AddPeer(Result<(), Error>),
     Stats(Option<PeerStats>, IoStats),
+    Peers(Vec<PeerStatus>),
+}
+
+/// A peer as an endpoint sees it: who it is, whether its session is up, when
+/// it was last heard, and its counters.
+#[derive(Clone, Debug)]
+pub struct PeerStatus {
+    /// Its address.
+    pub addr: Addr,
+    /// Its Ethernet address.
+    pub mac: [u8; 6],
+    /// Its session epoch as known here (0: not learnt yet).
+    pub epoch: u32,
+    /// Declared unreachable (silent past the liveness deadline while
+    /// something waited on it); it comes back with a new epoch.
+    pub down: bool,
+    /// Time since a frame of it was last accepted (`None`: never).
+    pub silent_for: Option<Duration>,
+    /// Its counters.
+    pub stats: PeerStats,
+}
+
+fn peer_status(core: &Core<SendBuf, RecvBuf>, now: crate::proto::Time) -> Vec<PeerStatus> {
+    core.peers()
+        .map(|(id, addr, mac)| {
+            let info = core.peer_info(id).expect("listed peer");
+            PeerStatus {
+                addr,
+                mac: mac.0,
+                epoch: info.epoch,
+                down: info.dead,
+                silent_for: core
+                    .peer_last_heard(id)
+                    .map(|t| Duration::from_nanos(now.0.saturating_sub(t.0))),
+                stats: *core.peer_stats(id).expect("listed peer"),
+            }
+        })
+        .collect()
 }
 
 const RUNNING: u8 = 0;
@@ -732,6 +771,7 @@ fn poll_thread(
                         let st = core.peer_id(addr).and_then(|p| core.peer_stats(p).copied());
                         backlog[ep].push_back(Event::Stats(st, driver.io_stats()));
                     }
+                    Cmd::Peers => backlog[ep].push_back(Event::Peers(peer_status(core, now))),
                     Cmd::Abort => core.abort_all(now),
                 }
             }
@@ -1209,6 +1249,17 @@ impl Endpoint {
             }
             Mode::Thread => match self.control(Cmd::Stats { addr: peer })? {
                 Event::Stats(s, io) => Ok((s, io)),
+                _ => Err(Error::WrongKind),
+            },
+        }
+    }
+
+    /// Every peer of this endpoint, with its session state and counters.
+    pub fn peers(&mut self) -> Result<Vec<PeerStatus>, Error> {
+        match &mut self.mode {
+            Mode::Inline(d) => Ok(peer_status(d.core(0), self.clock.now())),
+            Mode::Thread => match self.control(Cmd::Peers)? {
+                Event::Peers(v) => Ok(v),
                 _ => Err(Error::WrongKind),
             },
         }

@@ -19,8 +19,8 @@ mod request;
 pub use buffer::{RecvBuf, SendBuf};
 pub use driver::{Clock, Driver, Progress, RuntimeCore, BURST};
 pub use engine::{
-    parse_mac, Endpoint, Engine, EngineConfig, PeerConfig, ProgressMode, ProtocolConfig, Refused,
-    ShutdownReport,
+    parse_mac, Endpoint, Engine, EngineConfig, PeerConfig, PeerStatus, ProgressMode,
+    ProtocolConfig, Refused, ShutdownReport,
 };
 pub use node::{
     register_memory, start_node, start_node_on, EalConfig, Hugepages, LinkConfig, Node, NodeConfig,
