@@ -180,9 +180,9 @@ pub enum LogFormat {
     Json,
 }
 
-/// A node's MAC address: given, or `auto` (learnt when the port comes up and
-/// told to the other nodes by a hello handshake, so the other nodes cannot
-/// list it as a peer from the file).
+/// A node's MAC address: given, or `auto` (its peers greet everyone on the
+/// segment and learn the address from its answer, and again when it comes
+/// back from a restart on another address).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mac {
     /// Not known before the port is up.
@@ -417,8 +417,9 @@ impl ClusterConfig {
     /// The engine's configuration for node `id`: its port as the link's
     /// devargs, `[memory]` for the EAL, its endpoints, a polling thread on its
     /// first core (inline progress when it has none), the protocol settings,
-    /// and as peers every endpoint of every other node whose MAC the file
-    /// gives (nodes with `mac = "auto"` are learnt at run time).
+    /// and as peers every endpoint of every other node (a node with
+    /// `mac = "auto"` gets [`emx::runtime::AUTO_MAC`]: its address is learnt
+    /// at run time).
     pub fn node_config(&self, id: u16) -> Result<NodeConfig, ConfigError> {
         let (_, node) = self.index_of(id)?;
         let eal = EalConfig {
@@ -438,7 +439,7 @@ impl ClusterConfig {
             .nodes
             .iter()
             .filter(|n| n.id != id)
-            .filter_map(|n| n.mac.addr().map(|mac| (n, mac)))
+            .map(|n| (n, n.mac.addr().unwrap_or(emx::runtime::AUTO_MAC)))
             .flat_map(|(n, mac)| {
                 n.endpoints.iter().map(move |&endpoint| PeerConfig {
                     node: n.id,

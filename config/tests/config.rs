@@ -56,15 +56,24 @@ fn every_example_loads_and_maps_onto_the_engine() {
                 ),
                 None => assert_eq!(cfg.engine.progress, ProgressMode::Inline),
             }
-            // Peers: every endpoint of every other node with a known MAC.
+            // Peers: every endpoint of every other node, `auto` ones learnt.
             let want: usize = cluster
                 .nodes()
                 .iter()
-                .filter(|o| o.id != node.id && o.mac != Mac::Auto)
+                .filter(|o| o.id != node.id)
                 .map(|o| o.endpoints.len())
                 .sum();
             assert_eq!(cfg.engine.peers.len(), want, "{}", path.display());
             assert!(cfg.engine.peers.iter().all(|p| p.node != node.id));
+            for p in &cfg.engine.peers {
+                let other = cluster.node_by_id(p.node).unwrap();
+                assert_eq!(
+                    p.mac,
+                    other.mac.addr().unwrap_or(emx::runtime::AUTO_MAC),
+                    "{}",
+                    path.display()
+                );
+            }
             // The engine's own checks agree with the file's.
             let core = cfg
                 .engine
@@ -112,9 +121,12 @@ fn examples_say_what_they_promise() {
         let c = ClusterConfig::load(dir(f)).unwrap();
         assert_eq!(c.nodes().len(), 3, "{f}");
         assert!(c.nodes().iter().all(|n| n.mac == Mac::Auto), "{f}");
-        // With every MAC learnt at run time, no node starts with peers.
+        // Every MAC is learnt at run time: each node starts with the other
+        // two as peers of unknown address.
         for n in c.nodes() {
-            assert!(c.node_config(n.id).unwrap().engine.peers.is_empty());
+            let peers = c.node_config(n.id).unwrap().engine.peers;
+            assert_eq!(peers.len(), 2, "{f}");
+            assert!(peers.iter().all(|p| p.mac == emx::runtime::AUTO_MAC));
         }
     }
     let docker = ClusterConfig::load(dir("examples/docker.toml")).unwrap();

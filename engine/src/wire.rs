@@ -87,6 +87,18 @@ mod field {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct MacAddr(pub [u8; 6]);
 
+impl MacAddr {
+    /// `ff:ff:ff:ff:ff:ff`. Given as a peer's address it means "not known
+    /// yet": the core says HELLO to everyone on the segment and learns the
+    /// address from the peer's first frame.
+    pub const BROADCAST: MacAddr = MacAddr([0xff; 6]);
+
+    /// Whether this is one station's address (not group, not all zeros).
+    pub fn is_unicast(&self) -> bool {
+        self.0[0] & 1 == 0 && self.0 != [0; 6]
+    }
+}
+
 impl fmt::Debug for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = self.0;

@@ -87,6 +87,20 @@ pub struct MemIo {
     dropped: u64,
 }
 
+impl Drop for MemIo {
+    /// Unplugs the port: frames for its MAC are dropped from now on, as a
+    /// switch drops frames for a station that left (none waits in a queue
+    /// nobody reads, holding the sender back).
+    fn drop(&mut self) {
+        self.net
+            .0
+            .ports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(_, q)| !Arc::ptr_eq(q, &self.rx));
+    }
+}
+
 impl MemIo {
     /// Frames this port sent that no port could take (unknown MAC, or a full
     /// queue on the way to a broadcast's other receivers).

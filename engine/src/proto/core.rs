@@ -22,7 +22,8 @@
 //! epoch than the one known means the peer restarted: every request of the old session
 //! fails with [`RequestError::PeerRestarted`] and both halves of the stream start over.
 //! Epochs must therefore grow across restarts of an endpoint (a boot counter, or the
-//! start time). A peer silent for `peer_timeout` while something waits on it is declared
+//! start time); they are compared as serial numbers, so they may wrap, and after a
+//! silence past the liveness deadline any new epoch counts as a restart. A peer silent for `peer_timeout` while something waits on it is declared
 //! unreachable: its requests fail with [`RequestError::PeerUnreachable`] and its session
 //! is over until it comes back with a higher epoch.
 //!
@@ -261,6 +262,12 @@ impl TxFrame {
     };
 }
 
+/// Whether epoch `a` comes after `b` (serial-number order: epochs wrap).
+#[inline]
+pub(crate) fn epoch_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
 #[inline]
 pub(crate) fn msg_key(peer: u16, msg_id: u32) -> u64 {
     (peer as u64) << 32 | msg_id as u64
@@ -491,7 +498,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
 
     /// Adds a peer reachable at Ethernet address `mac`. The table is bounded by
     /// `max_peers`; peers are never removed (an unreachable one stays, refusing its old
-    /// epoch).
+    /// epoch). With [`MacAddr::BROADCAST`] the address is learnt: HELLOs go to
+    /// everyone, and the peer's first frame (and its first frame of each new epoch)
+    /// tells its address.
     pub fn add_peer(&mut self, addr: Addr, mac: MacAddr) -> Result<PeerId, PeerError> {
         if addr == self.local {
             return Err(PeerError::SelfAddress);
@@ -1100,8 +1109,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.stats.dropped.count(DropReason::WrongCluster);
             return Err(DropReason::WrongCluster);
         }
-        if h.dst_node != self.local.node || h.dst_ep != self.local.endpoint || h.dst_mac != self.mac
-        {
+        // A HELLO may be broadcast: its sender does not know our address yet.
+        let to_us = h.dst_mac == self.mac
+            || (h.dst_mac == MacAddr::BROADCAST && h.frame_type == FrameType::Hello);
+        if h.dst_node != self.local.node || h.dst_ep != self.local.endpoint || !to_us {
             self.stats.dropped.count(DropReason::NotForUs);
             return Err(DropReason::NotForUs);
         }
@@ -1110,13 +1121,21 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.stats.dropped.count(DropReason::UnknownPeer);
             return Err(DropReason::UnknownPeer);
         };
-        if h.src_mac != self.peers[p as usize].mac {
-            // Raw Ethernet has no other source authentication: the MAC must be the peer's.
-            self.peers[p as usize]
-                .stats
-                .dropped
-                .count(DropReason::NotForUs);
-            return Err(DropReason::NotForUs);
+        let peer = &mut self.peers[p as usize];
+        if h.src_mac != peer.mac {
+            // Raw Ethernet has no other source authentication: the MAC must be the
+            // peer's. A peer added without one learns it from its first frame, and
+            // again when it comes back with a new epoch (a restarted container
+            // may have a new address).
+            let learn = peer.auto_mac
+                && h.src_mac.is_unicast()
+                && (peer.mac == MacAddr::BROADCAST || epoch_after(h.src_epoch, peer.epoch));
+            if !learn {
+                peer.stats.dropped.count(DropReason::NotForUs);
+                return Err(DropReason::NotForUs);
+            }
+            peer.mac = h.src_mac;
+            peer.stats.macs_learned += 1;
         }
         let r = self.handle_peer_frame(now, p, &h, f.payload(), frame.len());
         // Whatever came in (an ack, a sign of life, a new epoch) may move p's timers.
@@ -1154,10 +1173,21 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         {
             let peer = &self.peers[p as usize];
-            if peer.dead && h.src_epoch <= peer.dead_epoch {
+            // Epochs are compared as serial numbers (they wrap). A peer declared
+            // dead comes back with any other epoch; a live one with a later
+            // epoch, or with any other after a silence past the liveness
+            // deadline (so long that serial order says nothing).
+            if peer.dead && h.src_epoch == peer.dead_epoch {
                 return Err(DropReason::DeadPeer);
             }
-            if !peer.dead && peer.epoch != 0 && h.src_epoch < peer.epoch {
+            let long_silent =
+                now.0.saturating_sub(peer.last_heard.0) > self.cfg.peer_timeout.as_nanos() as u64;
+            if !peer.dead
+                && peer.epoch != 0
+                && h.src_epoch != peer.epoch
+                && !epoch_after(h.src_epoch, peer.epoch)
+                && !long_silent
+            {
                 return Err(DropReason::StaleEpoch);
             }
         }
@@ -1330,6 +1360,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             }
             if peer.rto_at <= now {
                 self.on_rto(now, p);
+                self.greet_all_if_learnt(p);
             }
             let peer = &self.peers[p as usize];
             if peer.monitored() && !peer.dead {
@@ -1345,10 +1376,21 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                         peer.rtt.back_off();
                     } else {
                         peer.ping_now = true;
+                        self.greet_all_if_learnt(p);
                     }
                 }
             }
             self.mark_ready(p);
+        }
+    }
+
+    /// A peer whose address was learnt and that stopped answering may have
+    /// come back on another one: greet everyone, so that it can answer.
+    fn greet_all_if_learnt(&mut self, p: u16) {
+        let peer = &mut self.peers[p as usize];
+        if peer.auto_mac && peer.mac != MacAddr::BROADCAST {
+            peer.hello_now = true;
+            peer.greet_all = true;
         }
     }
 
@@ -1626,6 +1668,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let mut h = self.base_header(peer, ft);
         if ping || (ft == FrameType::Hello && peer.epoch == 0) {
             h.flags |= flags::ACK_REQ;
+        }
+        if ft == FrameType::Hello && peer.greet_all {
+            // The learnt address may be stale (the peer came back elsewhere).
+            h.dst_mac = MacAddr::BROADCAST;
+            self.peers[p as usize].greet_all = false;
         }
         self.finish_emit(p, &h, buf, None)
     }

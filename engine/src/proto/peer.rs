@@ -23,11 +23,15 @@ use core::time::Duration;
 pub(crate) struct Peer {
     pub(crate) addr: Addr,
     pub(crate) mac: MacAddr,
+    /// Added without an address: `mac` is learnt from the peer's frames.
+    pub(crate) auto_mac: bool,
+    /// The next HELLO goes to everyone (a learnt address may be stale).
+    pub(crate) greet_all: bool,
 
     // Session.
     /// The peer's epoch (0: not known yet).
     pub(crate) epoch: u32,
-    /// Declared unreachable; frames of epochs up to `dead_epoch` are refused.
+    /// Declared unreachable; frames of `dead_epoch` are refused.
     pub(crate) dead: bool,
     pub(crate) dead_epoch: u32,
 
@@ -103,6 +107,8 @@ impl Peer {
         Peer {
             addr,
             mac,
+            auto_mac: mac == MacAddr::BROADCAST,
+            greet_all: false,
             epoch: 0,
             dead: false,
             dead_epoch: 0,

@@ -32,6 +32,8 @@ pub struct PeerStats {
     pub keepalives_sent: u64,
     /// Handshake frames sent.
     pub hellos_sent: u64,
+    /// Times its Ethernet address was learnt (peers added without one).
+    pub macs_learned: u64,
     /// Frames from this peer that were dropped, by reason.
     pub dropped: DropCounters,
 }

@@ -145,15 +145,26 @@ pub struct PeerConfig {
     /// Its endpoint (default 0).
     #[serde(default)]
     pub endpoint: u8,
-    /// Its MAC address, `aa:bb:cc:dd:ee:ff`.
+    /// Its MAC address, `aa:bb:cc:dd:ee:ff`, or `auto` (the same as
+    /// [`AUTO_MAC`]): learnt from the peer's first frame, and again when it
+    /// restarts with a new one.
     #[serde(deserialize_with = "de_mac")]
     pub mac: [u8; 6],
 }
 
+/// A peer's MAC address that is not known in advance: the engine greets
+/// everyone on the segment and learns the address from the answer.
+pub const AUTO_MAC: [u8; 6] = crate::wire::MacAddr::BROADCAST.0;
+
 fn de_mac<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u8; 6], D::Error> {
     let s = String::deserialize(d)?;
+    if s == "auto" {
+        return Ok(AUTO_MAC);
+    }
     parse_mac(&s).ok_or_else(|| {
-        serde::de::Error::custom(format!("bad MAC address `{s}` (want aa:bb:cc:dd:ee:ff)"))
+        serde::de::Error::custom(format!(
+            "bad MAC address `{s}` (want aa:bb:cc:dd:ee:ff or auto)"
+        ))
     })
 }
 
@@ -608,11 +619,15 @@ impl Drop for Engine {
     }
 }
 
+/// A session epoch from the clock, in microseconds: a restart comes back with
+/// a later one (the core compares epochs as serial numbers, so the 71-minute
+/// wrap is harmless: after a silence that long any new epoch is accepted).
+/// Never 0, which means "unknown".
 fn fresh_epoch() -> u32 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    ((t.as_nanos() as u32) ^ std::process::id().rotate_left(16)) | 1
+    (t.as_micros() as u32).max(1)
 }
 
 /// Spin, then yield, then sleep ever longer, while idle.

@@ -20,7 +20,7 @@ pub use buffer::{RecvBuf, SendBuf};
 pub use driver::{Clock, Driver, Progress, RuntimeCore, BURST};
 pub use engine::{
     parse_mac, Endpoint, Engine, EngineConfig, PeerConfig, PeerStatus, ProgressMode,
-    ProtocolConfig, Refused, ShutdownReport,
+    ProtocolConfig, Refused, ShutdownReport, AUTO_MAC,
 };
 pub use node::{
     register_memory, start_node, start_node_on, EalConfig, Hugepages, LinkConfig, Node, NodeConfig,
