@@ -490,7 +490,7 @@ fn macs_are_learnt_and_relearnt_after_a_restart() {
         assert_eq!(p.stats.macs_learned, 1);
     }
     // Node 3 restarts on another MAC (a new container): learnt again.
-    let (old3, mut old3e) = (eps.pop().unwrap(), engines.pop().unwrap());
+    let (old3, old3e) = (eps.pop().unwrap(), engines.pop().unwrap());
     drop(old3);
     drop(old3e.shutdown(Duration::from_millis(10)));
     let new_mac: Mac = [2, 0, 0, 0, 0, 0x33];
