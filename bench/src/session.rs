@@ -784,7 +784,9 @@ impl Session {
         let mut n = 0u64;
         while Instant::now() < end && pace.max_iters.is_none_or(|m| n < m) {
             while burst.room() > 0 {
-                let m = raw_frame(&self.pool, &self.raw_hdr, 0, 0, len)?;
+                // A stream frame's index field holds its payload length, so
+                // that the receiver counts payload, not Ethernet padding.
+                let m = raw_frame(&self.pool, &self.raw_hdr, 0, len as u32, len)?;
                 let _ = burst.push(m);
             }
             n += self.raw.1.tx_burst(&mut burst) as u64;
@@ -929,7 +931,7 @@ fn count_raw(rx: &mut RxQueue, inb: &mut Burst, got: &mut (Stream, u64, u64)) {
     got.2 = now;
     for m in inb.drain() {
         got.0.msgs += 1;
-        got.0.bytes += (m.pkt_len().saturating_sub(RAW_HDR)) as u64;
+        got.0.bytes += u64::from(stream_len(&m));
     }
 }
 
@@ -948,6 +950,17 @@ fn raw_frame(
     d[14..18].copy_from_slice(&iter.to_le_bytes());
     d[18..22].copy_from_slice(&i.to_le_bytes());
     Ok(m)
+}
+
+/// The payload length a stream frame carries in its index field (bounded by
+/// what the frame holds).
+fn stream_len(m: &Mbuf) -> u32 {
+    let d = m.data();
+    if d.len() < RAW_HDR {
+        return 0;
+    }
+    let len = u32::from_le_bytes(d[18..22].try_into().expect("4 bytes"));
+    len.min((m.pkt_len() - RAW_HDR) as u32)
 }
 
 fn frame_iter(m: &Mbuf) -> Option<u32> {
@@ -1070,10 +1083,7 @@ impl Echo {
                 Cmd::RawSink { back } => {
                     let n = self.rx.rx_burst(&mut inb);
                     if n > 0 {
-                        let bytes: usize = inb
-                            .iter()
-                            .map(|m| m.pkt_len().saturating_sub(RAW_HDR))
-                            .sum();
+                        let bytes: usize = inb.iter().map(|m| stream_len(m) as usize).sum();
                         inb.clear();
                         let now = dpdk_ffi::rdtsc();
                         let c = &self.ctl;
@@ -1087,7 +1097,8 @@ impl Echo {
                     if let Some(len) = back {
                         if !self.ctl.stop.load(Ordering::Acquire) {
                             while out.room() > 0 {
-                                let Ok(m) = raw_frame(&self.pool, &self.hdr, 0, 0, len) else {
+                                let Ok(m) = raw_frame(&self.pool, &self.hdr, 0, len as u32, len)
+                                else {
                                     break;
                                 };
                                 let _ = out.push(m);
