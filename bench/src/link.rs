@@ -22,6 +22,9 @@ pub enum LinkKind {
     MemifPair,
     /// Veth pairs between network namespaces, over `net_af_packet` (needs root).
     Veth,
+    /// A memif link between two processes: one runs `--role server`, the
+    /// other `--role client`.
+    Memif,
 }
 
 /// One side of a channel: a port and its queue.
@@ -57,6 +60,8 @@ pub struct Link {
     pub channels: Vec<Channel>,
     /// The namespaces of a veth link (removed when dropped, after the ports).
     pub veth: Vec<VethPair>,
+    /// The frame payload limit.
+    pub mtu: u16,
 }
 
 impl Link {
@@ -65,13 +70,78 @@ impl Link {
         match kind {
             LinkKind::MemifPair => memif_pair(eal, pool, mtu),
             LinkKind::Veth => veth(eal, pool, mtu),
+            LinkKind::Memif => Err("the memif link joins two processes: run one with --role server and the other with --role client".into()),
         }
+    }
+
+    /// This process's side of a memif link to another process: one port
+    /// (the memif server or client on `socket`) with three queue pairs. Both
+    /// ends of each channel are this port; the other side's are remote.
+    pub fn memif_side(
+        eal: &Eal,
+        pool: &Mempool,
+        mtu: u16,
+        socket: &str,
+        server: bool,
+    ) -> Result<Link, String> {
+        if server {
+            // A stale socket file from a killed run would refuse the bind.
+            let _ = std::fs::remove_file(socket);
+        } else {
+            // The server may still be starting.
+            let t = std::time::Instant::now();
+            while !memif_listening(socket) {
+                if t.elapsed() > Duration::from_secs(10) {
+                    return Err(format!(
+                        "no memif server at {socket}: start `emx-bench --link memif --role server --socket {socket}` first"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let role = if server { "server" } else { "client" };
+        let port = memif_port(eal, pool, mtu, 0, role, socket)?;
+        let channels = (0..3)
+            .map(|q| {
+                let end = End {
+                    port: port.clone(),
+                    queue: q,
+                };
+                Channel {
+                    a: end.clone(),
+                    b: end,
+                }
+            })
+            .collect();
+        Ok(Link {
+            name: format!("memif between two processes ({role} side)"),
+            channels,
+            veth: Vec::new(),
+            mtu,
+        })
     }
 }
 
-fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
-    let sock = format!("/tmp/emx-bench-{}.sock", std::process::id());
-    let _ = std::fs::remove_file(&sock);
+/// Whether a memif server listens on `socket`: DPDK 22.11 makes it an
+/// abstract Unix socket (`@path` in /proc/net/unix), older ones a file.
+fn memif_listening(socket: &str) -> bool {
+    let abstract_name = format!("@{socket}");
+    std::path::Path::new(socket).exists()
+        || std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| {
+            t.lines()
+                .any(|l| l.split_whitespace().last() == Some(abstract_name.as_str()))
+        })
+}
+
+/// A memif port with three queue pairs, sized for frames of `mtu`.
+fn memif_port(
+    eal: &Eal,
+    pool: &Mempool,
+    mtu: u16,
+    n: u8,
+    role: &str,
+    sock: &str,
+) -> Result<Port, String> {
     let cfg = PortConfig {
         rx_queues: 3,
         tx_queues: 3,
@@ -85,15 +155,19 @@ fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
     } else {
         String::new()
     };
-    let port = |role: &str, n: u8| {
-        Port::from_devargs(
-            eal,
-            &format!("net_memif{n},role={role},socket={sock}{bsize}"),
-            &cfg,
-            pool,
-        )
-        .map_err(|e| e.to_string())
-    };
+    Port::from_devargs(
+        eal,
+        &format!("net_memif{n},role={role},socket={sock}{bsize}"),
+        &cfg,
+        pool,
+    )
+    .map_err(|e| e.to_string())
+}
+
+fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
+    let sock = format!("/tmp/emx-bench-{}.sock", std::process::id());
+    let _ = std::fs::remove_file(&sock);
+    let port = |role: &str, n: u8| memif_port(eal, pool, mtu, n, role, &sock);
     let a = port("server", 0)?;
     let b = port("client", 1)?;
     for p in [&a, &b] {
@@ -116,6 +190,7 @@ fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
         name: "memif pair, one process".into(),
         channels,
         veth: Vec::new(),
+        mtu,
     })
 }
 
@@ -157,5 +232,6 @@ fn veth(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
         name: "veth pairs between namespaces, net_af_packet".into(),
         channels,
         veth: pairs,
+        mtu,
     })
 }

@@ -13,6 +13,7 @@ mod kernel;
 mod link;
 mod netns;
 mod raw;
+mod remote;
 mod report;
 mod session;
 
@@ -35,11 +36,25 @@ use session::{Pace, Session, Transport};
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Args {
-    /// The link: `memif-pair` (two memif ports in this process) or `veth`
+    /// The link: `memif-pair` (two memif ports in this process), `veth`
     /// (veth pairs between network namespaces this program makes and
-    /// removes, over net_af_packet; needs root).
+    /// removes, over net_af_packet; needs root), or `memif` (between two
+    /// processes: run one with `--role server`, then one with `--role client`).
     #[arg(long, value_enum, default_value_t = LinkKind::MemifPair)]
     link: LinkKind,
+    /// With `--link memif`: `server` runs the echo side and takes orders from
+    /// the client over TCP; `client` runs the tests and prints the results.
+    #[arg(long, value_enum)]
+    role: Option<Role>,
+    /// With `--link memif`: the memif socket both processes use.
+    #[arg(long, default_value = "/tmp/emx-bench.sock")]
+    socket: String,
+    /// Server role: where to listen for the client's control connection.
+    #[arg(long, default_value = "127.0.0.1:7799")]
+    listen: String,
+    /// Client role: where the server listens.
+    #[arg(long, default_value = "127.0.0.1:7799")]
+    server: String,
     /// Tests to run, comma-separated: latency, bandwidth, bibw, msgrate, or
     /// sweep for all four.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Test::Latency, Test::Bandwidth])]
@@ -96,6 +111,14 @@ struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Role {
+    /// The echo side.
+    Server,
+    /// The side that measures.
+    Client,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -223,7 +246,19 @@ fn run(args: &Args) -> Result<(), String> {
 
     // Before the session pins this thread to one core.
     let cpus = core_affinity::get_core_ids().map_or(0, |c| c.len());
-    let mut session = Session::start(args.link, hugepages, args.mtu)?;
+    let mut session = match (args.link, args.role) {
+        (LinkKind::Memif, Some(Role::Server)) => {
+            return remote::serve(hugepages, args.mtu, &args.socket, &args.listen)
+        }
+        (LinkKind::Memif, Some(Role::Client)) => {
+            Session::connect(hugepages, args.mtu, &args.socket, &args.server)?
+        }
+        (LinkKind::Memif, None) => {
+            return Err("--link memif joins two processes: start one with --role server, then one with --role client".into())
+        }
+        (_, Some(_)) => return Err("--role goes with --link memif".into()),
+        (kind, None) => Session::start(kind, hugepages, args.mtu)?,
+    };
     let total: u64 = tests
         .iter()
         .map(|&t| sizes_for(t).len() as u64 * u64::from(args.rounds) * transports.len() as u64)

@@ -30,7 +30,7 @@ use emx::runtime::{
 };
 use hdrhistogram::Histogram;
 
-use crate::link::{Channel, End, Link, LinkKind, EMX_INLINE, EMX_THREAD, RAW};
+use crate::link::{End, Link, LinkKind, EMX_INLINE, EMX_THREAD, RAW};
 use crate::raw;
 
 /// EtherType of raw benchmark frames (emx uses 0x88B5).
@@ -75,8 +75,8 @@ impl Transport {
 }
 
 /// What the echo thread does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cmd {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) enum Cmd {
     /// Keep the emx endpoints answering (acknowledgements).
     Idle,
     /// Sleep, leaving the core to others (kernel baselines).
@@ -107,8 +107,21 @@ enum Cmd {
     },
 }
 
+/// What the echo side counted in a stream, on its own clock.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Counters {
+    pub bytes: u64,
+    pub msgs: u64,
+    /// First and last arrival, nanoseconds on the echo side's clock.
+    pub first_ns: f64,
+    pub last_ns: f64,
+    /// emx messages sent back (bibw), and whether all are done.
+    pub sent_back: u64,
+    pub back_done: bool,
+}
+
 /// The control block shared with the echo thread.
-struct Ctl {
+pub(crate) struct Ctl {
     gen: AtomicU64,
     cmd: Mutex<Cmd>,
     /// The generation the echo thread runs (it acknowledges a switch).
@@ -128,6 +141,53 @@ struct Ctl {
 }
 
 impl Ctl {
+    fn new() -> Arc<Ctl> {
+        Arc::new(Ctl {
+            gen: AtomicU64::new(0),
+            cmd: Mutex::new(Cmd::Idle),
+            running: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            msgs: AtomicU64::new(0),
+            first: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            sent_back: AtomicU64::new(0),
+            back_done: AtomicBool::new(false),
+        })
+    }
+
+    /// Hands the echo thread its next command; returns its generation.
+    pub(crate) fn switch(&self, cmd: Cmd) -> u64 {
+        let mut c = self.cmd.lock().expect("control lock");
+        *c = cmd;
+        // (`stop` is cleared by the echo thread as it takes the command: clearing
+        // it here could let a stream that was told to stop send again.)
+        self.gen.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Whether the echo thread runs command `gen`.
+    pub(crate) fn switched(&self, gen: u64) -> bool {
+        self.running.load(Ordering::Acquire) == gen
+    }
+
+    /// Stops streams back (bibw).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// The stream counters, with TSC ticks turned into nanoseconds.
+    pub(crate) fn counters(&self, hz: f64) -> Counters {
+        let ns = |t: &AtomicU64| t.load(Ordering::Acquire) as f64 * 1e9 / hz;
+        Counters {
+            bytes: self.bytes.load(Ordering::Acquire),
+            msgs: self.msgs.load(Ordering::Acquire),
+            first_ns: ns(&self.first),
+            last_ns: ns(&self.last),
+            sent_back: self.sent_back.load(Ordering::Acquire),
+            back_done: self.back_done.load(Ordering::Acquire),
+        }
+    }
+
     fn count(&self, bytes: u64) {
         let now = dpdk_ffi::rdtsc();
         if self.msgs.load(Ordering::Relaxed) == 0 {
@@ -331,7 +391,11 @@ impl EmxSide {
             self.ep.progress();
             self.sends_done()?;
             if Instant::now() > deadline {
-                return Err("emx sends did not finish within 30 s".into());
+                return Err(format!(
+                    "{} emx sends to {:?} did not finish within 30 s",
+                    self.sends.len(),
+                    self.peer
+                ));
             }
         }
         Ok(())
@@ -348,8 +412,7 @@ pub struct Session {
     pub mtu: u16,
     hz: f64,
     cores: (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>),
-    ctl: Arc<Ctl>,
-    echo: Option<std::thread::JoinHandle<Result<(), String>>>,
+    control: Control,
     pool: Mempool,
     raw: (RxQueue, TxQueue),
     raw_hdr: [u8; 14],
@@ -392,87 +455,170 @@ fn data_room(mtu: u16) -> u16 {
     dpdk_ffi::DEFAULT_DATA_ROOM.max(mtu.saturating_add(18 + 128))
 }
 
+/// The echo side of the channels `b` (raw on the first, emx on the next
+/// two), answering the pinger whose ports have the MACs `a_macs`: a thread
+/// pinned to `core`, and the engines it drives.
+pub(crate) fn spawn_echo(
+    eal: &Eal,
+    pool: &Mempool,
+    b: &[End],
+    a_macs: &[[u8; 6]],
+    core: Option<core_affinity::CoreId>,
+) -> Result<(Arc<Ctl>, EchoThread, Vec<Engine>), String> {
+    let ctl = Ctl::new();
+    let raw_b = &b[RAW];
+    let rx = raw_b
+        .port
+        .rx_queue(raw_b.queue)
+        .map_err(|e| e.to_string())?;
+    let tx = raw_b
+        .port
+        .tx_queue(raw_b.queue)
+        .map_err(|e| e.to_string())?;
+    let region = ExtMem::new(eal, REGION).map_err(|e| e.to_string())?;
+    let mut sides = Vec::new();
+    let mut engines = Vec::new();
+    for c in [EMX_INLINE, EMX_THREAD] {
+        let (g, ep) = engine(&b[c], pool, 2, (1, a_macs[c]), ProgressMode::Inline)?;
+        engines.push(g);
+        sides.push(EmxSide::new(ep, PINGER, region.clone()));
+    }
+    let ffi = (raw_b.port.id(), raw_b.queue);
+    let (eal, pool, ctl2) = (eal.clone(), pool.clone(), ctl.clone());
+    let mut hdr = [0u8; 14];
+    hdr[0..6].copy_from_slice(&a_macs[RAW]);
+    hdr[6..12].copy_from_slice(&raw_b.port.mac());
+    hdr[12..14].copy_from_slice(&RAW_ETHERTYPE.to_be_bytes());
+    let sides: [EmxSide; 2] = sides.try_into().map_err(|_| "two echo endpoints")?;
+    let thread = std::thread::Builder::new()
+        .name("echo".into())
+        .spawn(move || {
+            if let Some(c) = core {
+                core_affinity::set_for_current(c);
+            }
+            let _reg = dpdk_ffi::ThreadRegistration::register(&eal).map_err(|e| e.to_string())?;
+            Echo {
+                ctl: ctl2,
+                pool,
+                rx,
+                tx,
+                hdr,
+                ffi,
+                emx: sides,
+            }
+            .run()
+        })
+        .map_err(|e| e.to_string())?;
+    Ok((ctl, thread, engines))
+}
+
+/// The echo thread.
+pub(crate) type EchoThread = std::thread::JoinHandle<Result<(), String>>;
+
+/// Starts the EAL and a mempool for frames of `mtu`.
+pub(crate) fn start_eal(hugepages: HugepageMode, mtu: u16) -> Result<(Eal, Mempool), String> {
+    let eal = dpdk_ffi::Eal::builder()
+        .hugepages(hugepages)
+        .init()
+        .map_err(|e| e.to_string())?;
+    let pool =
+        Mempool::new(&eal, "bench", 32767, 256, data_room(mtu)).map_err(|e| e.to_string())?;
+    Ok((eal, pool))
+}
+
+/// The pinger's and the echo's cores: the first and the last this thread may use.
+pub(crate) fn two_cores() -> (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>) {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    match cores.as_slice() {
+        [] => (None, None),
+        [only] => (Some(*only), Some(*only)),
+        [first, .., last] => (Some(*first), Some(*last)),
+    }
+}
+
+/// Who runs the echo side.
+enum Control {
+    /// A thread of this process.
+    Local {
+        ctl: Arc<Ctl>,
+        thread: Option<EchoThread>,
+    },
+    /// Another process (`--role server`), reached over TCP.
+    Remote(crate::remote::Client),
+}
+
 impl Session {
     /// Starts the EAL, opens the link and starts the echo thread.
     pub fn start(kind: LinkKind, hugepages: HugepageMode, mtu: u16) -> Result<Session, String> {
-        let eal = dpdk_ffi::Eal::builder()
-            .hugepages(hugepages)
-            .init()
-            .map_err(|e| e.to_string())?;
-        let pool =
-            Mempool::new(&eal, "bench", 32767, 256, data_room(mtu)).map_err(|e| e.to_string())?;
+        let (eal, pool) = start_eal(hugepages, mtu)?;
         let link = Link::open(kind, &eal, &pool, mtu)?;
-        let cores = core_affinity::get_core_ids().unwrap_or_default();
-        let (ping_core, echo_core) = match cores.as_slice() {
-            [] => (None, None),
-            [only] => (Some(*only), Some(*only)),
-            [first, .., last] => (Some(*first), Some(*last)),
-        };
-        let ctl = Arc::new(Ctl {
-            gen: AtomicU64::new(0),
-            cmd: Mutex::new(Cmd::Idle),
-            running: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            msgs: AtomicU64::new(0),
-            first: AtomicU64::new(0),
-            last: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-            sent_back: AtomicU64::new(0),
-            back_done: AtomicBool::new(false),
-        });
-        let ch = |i: usize| -> &Channel { &link.channels[i] };
-        let mut engines = Vec::new();
-        let echo = {
-            let raw_b = &ch(RAW).b;
-            let rx = raw_b
-                .port
-                .rx_queue(raw_b.queue)
-                .map_err(|e| e.to_string())?;
-            let tx = raw_b
-                .port
-                .tx_queue(raw_b.queue)
-                .map_err(|e| e.to_string())?;
-            let region = ExtMem::new(&eal, REGION).map_err(|e| e.to_string())?;
-            let mut sides = Vec::new();
-            for c in [EMX_INLINE, EMX_THREAD] {
-                let peer_mac = ch(c).a.port.mac();
-                let (g, ep) = engine(&ch(c).b, &pool, 2, (1, peer_mac), ProgressMode::Inline)?;
-                engines.push(g);
-                sides.push(EmxSide::new(ep, PINGER, region.clone()));
-            }
-            let ffi = (raw_b.port.id(), raw_b.queue);
-            let ctl = ctl.clone();
-            let (eal, pool) = (eal.clone(), pool.clone());
-            let mut hdr = [0u8; 14];
-            hdr[0..6].copy_from_slice(&ch(RAW).a.port.mac());
-            hdr[6..12].copy_from_slice(&raw_b.port.mac());
-            hdr[12..14].copy_from_slice(&RAW_ETHERTYPE.to_be_bytes());
-            let sides: [EmxSide; 2] = sides.try_into().map_err(|_| "two echo endpoints")?;
-            std::thread::Builder::new()
-                .name("echo".into())
-                .spawn(move || {
-                    if let Some(c) = echo_core {
-                        core_affinity::set_for_current(c);
-                    }
-                    let _reg =
-                        dpdk_ffi::ThreadRegistration::register(&eal).map_err(|e| e.to_string())?;
-                    Echo {
-                        ctl,
-                        pool,
-                        rx,
-                        tx,
-                        hdr,
-                        ffi,
-                        emx: sides,
-                    }
-                    .run()
-                })
-                .map_err(|e| e.to_string())?
-        };
+        let (ping_core, echo_core) = two_cores();
+        let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
+        let a_macs: Vec<[u8; 6]> = link.channels.iter().map(|c| c.a.port.mac()).collect();
+        let (ctl, thread, engines) = spawn_echo(&eal, &pool, &b, &a_macs, echo_core)?;
+        let a: Vec<End> = link.channels.iter().map(|c| c.a.clone()).collect();
+        let b_macs: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
+        Session::pinger(
+            eal,
+            pool,
+            link,
+            &a,
+            &b_macs,
+            Control::Local {
+                ctl,
+                thread: Some(thread),
+            },
+            (ping_core, echo_core),
+            engines,
+        )
+    }
+
+    /// The pinger's side of a link whose other side runs in a `--role
+    /// server` process: `link` holds this side's port only.
+    pub fn connect(
+        hugepages: HugepageMode,
+        mtu: u16,
+        socket: &str,
+        server: &str,
+    ) -> Result<Session, String> {
+        let (eal, pool) = start_eal(hugepages, mtu)?;
+        let link = Link::memif_side(&eal, &pool, mtu, socket, false)?;
+        let a: Vec<End> = link.channels.iter().map(|c| c.a.clone()).collect();
+        let a_macs: Vec<[u8; 6]> = a.iter().map(|e| e.port.mac()).collect();
+        let (client, b_macs) = crate::remote::Client::connect(server, &a_macs, mtu)?;
+        a[RAW]
+            .port
+            .wait_link(Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let (ping_core, _) = two_cores();
+        Session::pinger(
+            eal,
+            pool,
+            link,
+            &a,
+            &b_macs,
+            Control::Remote(client),
+            (ping_core, None),
+            Vec::new(),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn pinger(
+        eal: Eal,
+        pool: Mempool,
+        link: Link,
+        a: &[End],
+        b_macs: &[[u8; 6]],
+        control: Control,
+        cores: (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>),
+        mut engines: Vec<Engine>,
+    ) -> Result<Session, String> {
+        let ping_core = cores.0;
         if let Some(c) = ping_core {
             core_affinity::set_for_current(c);
         }
-        let raw_a = &ch(RAW).a;
+        let raw_a = &a[RAW];
         let raw = (
             raw_a
                 .port
@@ -484,25 +630,25 @@ impl Session {
                 .map_err(|e| e.to_string())?,
         );
         let mut raw_hdr = [0u8; 14];
-        raw_hdr[0..6].copy_from_slice(&ch(RAW).b.port.mac());
+        raw_hdr[0..6].copy_from_slice(&b_macs[RAW]);
         raw_hdr[6..12].copy_from_slice(&raw_a.port.mac());
         raw_hdr[12..14].copy_from_slice(&RAW_ETHERTYPE.to_be_bytes());
         let region = ExtMem::new(&eal, REGION).map_err(|e| e.to_string())?;
-        let peer = |c: usize| (2, ch(c).b.port.mac());
+        let mtu = link.mtu;
         let (g1, e1) = engine(
-            &ch(EMX_INLINE).a,
+            &a[EMX_INLINE],
             &pool,
             1,
-            peer(EMX_INLINE),
+            (2, b_macs[EMX_INLINE]),
             ProgressMode::Inline,
         )?;
         // The polling thread shares the pinger's core: the echo thread spins
         // on the other one. The pinger parks while it waits.
         let (g2, e2) = engine(
-            &ch(EMX_THREAD).a,
+            &a[EMX_THREAD],
             &pool,
             1,
-            peer(EMX_THREAD),
+            (2, b_macs[EMX_THREAD]),
             ProgressMode::Thread {
                 core: ping_core.map(|c| c.id),
                 spin: false,
@@ -514,9 +660,8 @@ impl Session {
             hugepages: eal.uses_hugepages(),
             mtu,
             hz: dpdk_ffi::tsc_hz(&eal) as f64,
-            cores: (ping_core, echo_core),
-            ctl,
-            echo: Some(echo),
+            cores,
+            control,
             pool,
             raw,
             raw_hdr,
@@ -549,29 +694,58 @@ impl Session {
         Ok(r)
     }
 
-    /// Tells the echo thread what to do next and waits until it does.
+    /// Tells the echo side what to do next and waits until it does.
     fn command(&mut self, cmd: Cmd) -> Result<u64, String> {
-        let gen = {
-            let mut c = self.ctl.cmd.lock().expect("control lock");
-            *c = cmd;
-            self.ctl.stop.store(false, Ordering::Release);
-            self.ctl.gen.fetch_add(1, Ordering::AcqRel) + 1
-        };
-        let t = Instant::now();
-        while self.ctl.running.load(Ordering::Acquire) != gen {
-            if self.echo.as_ref().is_none_or(|h| h.is_finished()) {
-                return Err("the echo thread stopped".into());
-            }
-            // Keep our engines answering while the echo side finishes.
-            for s in &mut self.emx {
+        let emx = &mut self.emx;
+        // Keep our engines answering while the echo side finishes the last
+        // command (its sends wait for our acknowledgements).
+        let mut drive = || {
+            for s in emx.iter_mut() {
                 s.ep.progress();
             }
-            if t.elapsed() > Duration::from_secs(60) {
-                return Err("the echo thread does not answer".into());
+        };
+        match &mut self.control {
+            Control::Remote(c) => c.command(cmd, &mut drive),
+            Control::Local { ctl, thread } => {
+                let gen = ctl.switch(cmd);
+                let t = Instant::now();
+                while !ctl.switched(gen) {
+                    if thread.as_ref().is_none_or(|h| h.is_finished()) {
+                        return Err("the echo thread stopped".into());
+                    }
+                    drive();
+                    if t.elapsed() > Duration::from_secs(60) {
+                        return Err("the echo thread does not answer".into());
+                    }
+                    std::thread::yield_now();
+                }
+                Ok(gen)
             }
-            std::thread::yield_now();
         }
-        Ok(gen)
+    }
+
+    /// Stops the echo side's streams back.
+    fn stop_back(&mut self) -> Result<(), String> {
+        match &mut self.control {
+            Control::Local { ctl, .. } => {
+                ctl.stop();
+                Ok(())
+            }
+            Control::Remote(c) => c.stop(),
+        }
+    }
+
+    /// What the echo side counted.
+    fn counters(&mut self) -> Result<Counters, String> {
+        match &mut self.control {
+            Control::Local { ctl, .. } => Ok(ctl.counters(self.hz)),
+            Control::Remote(c) => c.counters(),
+        }
+    }
+
+    /// Whether the echo side runs on this machine's clock.
+    fn same_clock(&self) -> bool {
+        matches!(self.control, Control::Local { .. })
     }
 
     fn ns(&self, ticks: u64) -> f64 {
@@ -745,23 +919,28 @@ impl Session {
             }
             _ => return Err(format!("{} does not stream here", t.label())),
         };
-        let first = self.ctl.first.load(Ordering::Acquire);
-        let last = self.ctl.last.load(Ordering::Acquire);
+        let c = self.counters()?;
         let theirs = Stream {
-            bytes: self.ctl.bytes.load(Ordering::Acquire),
-            msgs: self.ctl.msgs.load(Ordering::Acquire),
-            secs: self.ns(last.wrapping_sub(first)) / 1e9,
+            bytes: c.bytes,
+            msgs: c.msgs,
+            secs: (c.last_ns - c.first_ns).max(0.0) / 1e9,
         };
         self.command(Cmd::Idle)?;
         if !bidir {
             return Ok(theirs);
         }
-        // Both directions: everything received, over the span of both.
-        let (f, l) = (first.min(mine.1), last.max(mine.2));
+        // Both directions: everything received, over the span of both (the
+        // longer span when the two sides have different clocks).
+        let (f, l) = (self.ns(mine.1), self.ns(mine.2));
+        let secs = if self.same_clock() {
+            (l.max(c.last_ns) - f.min(c.first_ns)) / 1e9
+        } else {
+            ((l - f) / 1e9).max(theirs.secs)
+        };
         Ok(Stream {
             bytes: theirs.bytes + mine.0.bytes,
             msgs: theirs.msgs + mine.0.msgs,
-            secs: self.ns(l.wrapping_sub(f)) / 1e9,
+            secs,
         })
     }
 
@@ -795,14 +974,22 @@ impl Session {
             }
         }
         drop(burst);
-        self.ctl.stop.store(true, Ordering::Release);
+        self.stop_back()?;
+        let mut err = None;
         settle(|| {
             if bidir {
                 count_raw(&mut self.raw.0, &mut inb, &mut got);
             }
-            self.ctl.msgs.load(Ordering::Acquire) + got.0.msgs
+            let theirs = self.counters().map_or_else(
+                |e| {
+                    err = Some(e);
+                    0
+                },
+                |c| c.msgs,
+            );
+            theirs + got.0.msgs
         });
-        Ok(got)
+        err.map_or(Ok(got), Err)
     }
 
     fn emx_stream(
@@ -862,14 +1049,14 @@ impl Session {
                 break;
             }
         }
-        self.ctl.stop.store(true, Ordering::Release);
+        self.stop_back()?;
         // emx loses nothing: wait for every message, counted, so that none is
         // left unmatched for a later measurement.
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let theirs = self.ctl.msgs.load(Ordering::Acquire);
-            let back_done = self.ctl.back_done.load(Ordering::Acquire);
-            let back = self.ctl.sent_back.load(Ordering::Acquire);
+            let c = self.counters()?;
+            let (theirs, back_done, back) = (c.msgs, c.back_done, c.sent_back);
+            let s = &mut self.emx[ep];
             if theirs >= n && (!bidir || (back_done && got.0.msgs >= back)) {
                 break;
             }
@@ -892,17 +1079,28 @@ impl Session {
                 std::thread::yield_now();
             }
         }
-        s.quiesce()?;
+        self.emx[ep].quiesce()?;
         Ok(got)
     }
 
-    /// Stops the echo thread.
+    /// Stops the echo side.
     pub fn finish(mut self) -> Result<(), String> {
-        self.command(Cmd::Stop).ok();
-        if let Some(h) = self.echo.take() {
-            h.join().map_err(|_| "the echo thread panicked")??;
+        match std::mem::replace(
+            &mut self.control,
+            Control::Local {
+                ctl: Ctl::new(),
+                thread: None,
+            },
+        ) {
+            Control::Local { ctl, thread } => {
+                ctl.switch(Cmd::Stop);
+                if let Some(h) = thread {
+                    h.join().map_err(|_| "the echo thread panicked")??;
+                }
+                Ok(())
+            }
+            Control::Remote(c) => c.bye(),
         }
-        Ok(())
     }
 }
 
@@ -1010,6 +1208,7 @@ impl Echo {
                     a.store(0, Ordering::Relaxed);
                 }
                 self.ctl.back_done.store(false, Ordering::Relaxed);
+                self.ctl.stop.store(false, Ordering::Relaxed);
                 if let Cmd::EmxPong { ep, size } = cmd {
                     self.emx[ep].buffers(size, 4)?;
                 }

@@ -288,3 +288,43 @@ fn veth_interrupted_removes_its_namespaces() {
     assert_eq!(status.code(), Some(130), "interrupted: {status}");
     assert!(namespaces_of(pid).is_empty(), "namespaces removed");
 }
+
+#[test]
+fn memif_between_two_processes() {
+    let sock = format!("/tmp/emx-bench-test-{}.sock", std::process::id());
+    let addr = format!("127.0.0.1:{}", 20_000 + std::process::id() % 20_000);
+    let server = Command::new(BIN)
+        .args(["--link", "memif", "--role", "server", "--socket", &sock])
+        .args(["--listen", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let r = json(&[
+        "--link",
+        "memif",
+        "--role",
+        "client",
+        "--socket",
+        &sock,
+        "--server",
+        &addr,
+        "--test",
+        "latency,bibw",
+        "--sizes",
+        "64,100K",
+    ]);
+    let out = server.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "server: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for test in ["latency", "bibw"] {
+        let rows = check_rows(&r, test);
+        for t in ["raw", "emx", "emx-thread"] {
+            assert_eq!(sizes_of(&rows, t), [64, 102_400], "{test} {t}");
+        }
+    }
+    assert!(r["link"].as_str().unwrap().contains("two processes"));
+}

@@ -1,0 +1,247 @@
+//! The benchmark between two processes: `--role server` runs the echo side
+//! of a memif link and takes its orders over a TCP control connection from
+//! the `--role client` process, which runs the pinger and prints the tables.
+//!
+//! The control protocol is one JSON object per line, request then answer:
+//! `Hello` (each side's MACs and the MTU), `Command` (switch the echo thread;
+//! answered once it runs the new command), `Stop` (end streams back),
+//! `Counters` (what the echo side received, on its own clock) and `Bye`.
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use dpdk_ffi::HugepageMode;
+use serde::{Deserialize, Serialize};
+
+use crate::link::{End, Link};
+use crate::session::{spawn_echo, start_eal, two_cores, Cmd, Counters};
+
+/// A request from the client.
+#[derive(Debug, Serialize, Deserialize)]
+enum Request {
+    Hello { macs: Vec<[u8; 6]>, mtu: u16 },
+    Command(Cmd),
+    Stop,
+    Counters,
+    Bye,
+}
+
+/// The server's answer.
+#[derive(Debug, Serialize, Deserialize)]
+enum Answer {
+    Hello { macs: Vec<[u8; 6]> },
+    Running(u64),
+    Done,
+    Counters(Counters),
+    Failed(String),
+}
+
+/// The client's end of the control connection.
+pub struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    /// Connects to the server at `addr` (retrying for a few seconds while it
+    /// starts) and trades MACs: ours per channel in, the server's out.
+    pub fn connect(
+        addr: &str,
+        macs: &[[u8; 6]],
+        mtu: u16,
+    ) -> Result<(Client, Vec<[u8; 6]>), String> {
+        let t = Instant::now();
+        let stream = loop {
+            match TcpStream::connect(addr) {
+                Ok(s) => break s,
+                Err(e) if t.elapsed() < Duration::from_secs(10) => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "cannot reach the emx-bench server at {addr}: {e} (start `emx-bench --link memif --role server` first, or give --server)"
+                    ))
+                }
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let mut c = Client {
+            stream,
+            buf: Vec::new(),
+        };
+        match c.call(
+            &Request::Hello {
+                macs: macs.to_vec(),
+                mtu,
+            },
+            &mut || {},
+        )? {
+            Answer::Hello { macs } if macs.len() == 3 => Ok((c, macs)),
+            a => Err(format!("unexpected answer to hello: {a:?}")),
+        }
+    }
+
+    /// Sends `req` and waits for the answer, calling `idle` while it waits
+    /// (the pinger's inline engines must keep answering).
+    fn call(&mut self, req: &Request, idle: &mut dyn FnMut()) -> Result<Answer, String> {
+        let mut line = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        self.stream
+            .set_nonblocking(false)
+            .and_then(|()| self.stream.write_all(&line))
+            .map_err(|e| format!("control connection: {e}"))?;
+        self.stream
+            .set_nonblocking(true)
+            .map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                let a: Answer = serde_json::from_slice(&line)
+                    .map_err(|e| format!("bad answer from the server: {e}"))?;
+                if let Answer::Failed(e) = a {
+                    return Err(format!("server: {e}"));
+                }
+                return Ok(a);
+            }
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err("the server closed the control connection".into()),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    idle();
+                    if t.elapsed() > Duration::from_secs(60) {
+                        return Err("the server does not answer".into());
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("control connection: {e}")),
+            }
+        }
+    }
+
+    /// Switches the echo side to `cmd`; returns its generation.
+    pub(crate) fn command(&mut self, cmd: Cmd, idle: &mut dyn FnMut()) -> Result<u64, String> {
+        match self.call(&Request::Command(cmd), idle)? {
+            Answer::Running(g) => Ok(g),
+            a => Err(format!("unexpected answer: {a:?}")),
+        }
+    }
+
+    /// Ends the echo side's streams back.
+    pub(crate) fn stop(&mut self) -> Result<(), String> {
+        self.call(&Request::Stop, &mut || {}).map(|_| ())
+    }
+
+    /// What the echo side received.
+    pub(crate) fn counters(&mut self) -> Result<Counters, String> {
+        match self.call(&Request::Counters, &mut || {})? {
+            Answer::Counters(c) => Ok(c),
+            a => Err(format!("unexpected answer: {a:?}")),
+        }
+    }
+
+    /// Tells the server we are done; it stops.
+    pub(crate) fn bye(mut self) -> Result<(), String> {
+        self.call(&Request::Bye, &mut || {}).map(|_| ())
+    }
+}
+
+/// Runs the server side: the memif server port on `socket`, the echo thread,
+/// and the control connection on `listen`, for one client. Returns when the
+/// client says goodbye or goes away.
+pub fn serve(hugepages: HugepageMode, mtu: u16, socket: &str, listen: &str) -> Result<(), String> {
+    let (eal, pool) = start_eal(hugepages, mtu)?;
+    let link = Link::memif_side(&eal, &pool, mtu, socket, true)?;
+    let listener = TcpListener::bind(listen)
+        .map_err(|e| format!("cannot listen on {listen}: {e} (choose another with --listen)"))?;
+    eprintln!("emx-bench: serving memif on {socket}, control on {listen}");
+    let (stream, peer) = listener.accept().map_err(|e| e.to_string())?;
+    let _ = stream.set_nodelay(true);
+    let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+    let mut writer = stream;
+    let mut line = String::new();
+    let read =
+        |reader: &mut BufReader<TcpStream>, line: &mut String| -> Result<Option<Request>, String> {
+            line.clear();
+            match reader.read_line(line) {
+                Ok(0) => Ok(None),
+                Ok(_) => serde_json::from_str(line)
+                    .map(Some)
+                    .map_err(|e| format!("bad request from {peer}: {e}")),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+    let answer = |w: &mut TcpStream, a: &Answer| -> Result<(), String> {
+        let mut v = serde_json::to_vec(a).map_err(|e| e.to_string())?;
+        v.push(b'\n');
+        w.write_all(&v).map_err(|e| e.to_string())
+    };
+    let Some(Request::Hello { macs, mtu: theirs }) = read(&mut reader, &mut line)? else {
+        return Err(format!("{peer} did not say hello"));
+    };
+    if theirs != mtu || macs.len() != 3 {
+        let why = format!(
+            "the client runs MTU {theirs} with {} channels; this server MTU {mtu} with 3",
+            macs.len()
+        );
+        answer(&mut writer, &Answer::Failed(why.clone()))?;
+        return Err(why);
+    }
+    for c in &link.channels {
+        c.b.port
+            .wait_link(Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+    }
+    let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
+    let (_, echo_core) = two_cores();
+    let (ctl, thread, engines) = spawn_echo(&eal, &pool, &b, &macs, echo_core)?;
+    let ours: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
+    answer(&mut writer, &Answer::Hello { macs: ours })?;
+    let hz = dpdk_ffi::tsc_hz(&eal) as f64;
+    let result = loop {
+        let req = match read(&mut reader, &mut line) {
+            Ok(Some(r)) => r,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        let a = match req {
+            Request::Command(cmd) => {
+                let gen = ctl.switch(cmd);
+                let t = Instant::now();
+                loop {
+                    if ctl.switched(gen) {
+                        break Answer::Running(gen);
+                    }
+                    if thread.is_finished() {
+                        break Answer::Failed("the echo thread stopped".into());
+                    }
+                    if t.elapsed() > Duration::from_secs(60) {
+                        break Answer::Failed("the echo thread does not answer".into());
+                    }
+                    std::thread::yield_now();
+                }
+            }
+            Request::Stop => {
+                ctl.stop();
+                Answer::Done
+            }
+            Request::Counters => Answer::Counters(ctl.counters(hz)),
+            Request::Bye => {
+                let _ = answer(&mut writer, &Answer::Done);
+                break Ok(());
+            }
+            Request::Hello { .. } => Answer::Failed("hello twice".into()),
+        };
+        if let Err(e) = answer(&mut writer, &a) {
+            break Err(e);
+        }
+    };
+    ctl.switch(Cmd::Stop);
+    let echo = thread.join().map_err(|_| "the echo thread panicked")?;
+    drop(engines);
+    drop(link);
+    result.and(echo)
+}
