@@ -1,0 +1,433 @@
+//! `emxctl`: asks a running emxd (over its control socket) for its status,
+//! its peers, its counters, to check its links, or to stop.
+#![deny(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use emx_daemon::control::{
+    self, default_control_path, CheckReport, PeerRef, Peers, Request, Stats, Status,
+};
+
+/// Talks to a running emxd through its control socket.
+#[derive(Parser, Debug)]
+#[command(name = "emxctl", version)]
+struct Args {
+    /// The control socket of the emxd to ask.
+    #[arg(long, value_name = "PATH", conflicts_with = "node", global = true)]
+    control: Option<PathBuf>,
+    /// The node whose emxd to ask, by name: its socket is
+    /// /run/emx/emxd-NAME.sock. Without this or --control: the only emxd
+    /// socket in /run/emx.
+    #[arg(long, value_name = "NAME", global = true)]
+    node: Option<String>,
+    /// Print emxd's reply as it is (JSON) instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Give up on a reply after this many seconds (default 10, and 600 for
+    /// check).
+    #[arg(long, value_name = "SECONDS", global = true)]
+    timeout: Option<u64>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// The node: id, name, epoch, endpoints, uptime, port, progress mode.
+    Status,
+    /// Every peer: state (up, down, unresolved, unknown), epoch, silence,
+    /// frames and bytes each way, retransmissions.
+    Peers,
+    /// Every peer's protocol counters and the link's counters.
+    Stats,
+    /// Echo messages of each size off every peer that is up (or --peer) and
+    /// compare every byte; exits 1 when any fails.
+    Check {
+        /// Only this node (all its endpoints), by name or id.
+        #[arg(long, value_name = "NAME|ID")]
+        peer: Option<String>,
+        /// Message sizes, comma-separated, with K, M or G (binary) allowed.
+        /// Default: 1000,1M (one eager, one rendezvous).
+        #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+        sizes: Vec<u64>,
+    },
+    /// Stop emxd: it drains what is in flight and exits.
+    Shutdown,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&s[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("bad size {s:?} (want bytes, such as 1000, 64K or 1M)"))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("emxctl: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The socket to talk to: --control, --node, or the only one in /run/emx.
+fn socket(args: &Args) -> Result<PathBuf, String> {
+    if let Some(p) = &args.control {
+        return Ok(p.clone());
+    }
+    if let Some(n) = &args.node {
+        return Ok(default_control_path(n));
+    }
+    let dir = default_control_path("x")
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let found: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("emxd-") && n.ends_with(".sock"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    match found.len() {
+        1 => Ok(found[0].clone()),
+        0 => Err(format!(
+            "no emxd control socket in {}: is emxd running? start it with \
+             emxd --config FILE --node NAME, or pass --control PATH",
+            dir.display()
+        )),
+        _ => {
+            let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
+            Err(format!(
+                "several emxd control sockets: {}; pick one with --node NAME or --control PATH",
+                names.join(", ")
+            ))
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<ExitCode, String> {
+    let path = socket(args)?;
+    let req = match &args.cmd {
+        Cmd::Status => Request::Status,
+        Cmd::Peers => Request::Peers,
+        Cmd::Stats => Request::Stats,
+        Cmd::Check { peer, sizes } => Request::Check {
+            sizes: (!sizes.is_empty()).then(|| sizes.clone()),
+            peer: peer.as_deref().map(PeerRef::parse),
+        },
+        Cmd::Shutdown => Request::Shutdown,
+    };
+    let default_timeout = if matches!(req, Request::Check { .. }) {
+        600
+    } else {
+        10
+    };
+    let timeout = Duration::from_secs(args.timeout.unwrap_or(default_timeout));
+    let reply = control::request(&path, &req, timeout).map_err(|e| e.to_string())?;
+    let ok = reply["ok"].as_bool() == Some(true);
+    if args.json {
+        println!("{reply}");
+        return Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let error = reply["error"].as_str().unwrap_or("emxd said no").to_owned();
+    let parse = |what: &str| format!("emxd's reply to {what} is not what emxctl expects");
+    match &args.cmd {
+        Cmd::Status if ok => {
+            print_status(&serde_json::from_value(reply).map_err(|_| parse("status"))?)
+        }
+        Cmd::Peers if ok => {
+            print_peers(&serde_json::from_value(reply).map_err(|_| parse("peers"))?)
+        }
+        Cmd::Stats if ok => {
+            print_stats(&serde_json::from_value(reply).map_err(|_| parse("stats"))?)
+        }
+        Cmd::Check { .. } => {
+            // A check that ran has results even when it failed.
+            if let Ok(report) = serde_json::from_value::<CheckReport>(reply) {
+                print_check(&report);
+            }
+        }
+        Cmd::Shutdown if ok => println!("emxd is stopping"),
+        _ => {}
+    }
+    if ok {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Err(error)
+    }
+}
+
+/// Prints rows as columns, the first row as the header.
+fn table(rows: &[Vec<String>]) {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(c, s)| format!("{s:<w$}", w = widths[c]))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn print_status(s: &Status) {
+    let r = &s.responder;
+    let progress = match s.core {
+        Some(c) => format!("{} (core {c})", s.progress),
+        None => s.progress.clone(),
+    };
+    let rows = vec![
+        vec![
+            "node".into(),
+            format!("{} (id {}), cluster {}", s.name, s.node, s.cluster),
+        ],
+        vec!["epoch".into(), s.epoch.to_string()],
+        vec![
+            "endpoints".into(),
+            s.endpoints
+                .iter()
+                .map(u8::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        ],
+        vec!["uptime".into(), format!("{:.1} s", s.uptime_s)],
+        vec![
+            "link".into(),
+            format!(
+                "{} {}, mac {}, mtu {}{}",
+                s.link.name,
+                if s.link.up { "up" } else { "DOWN" },
+                s.link.mac,
+                s.link.mtu,
+                if s.link.speed_mbps > 0 {
+                    format!(", {} Mbit/s", s.link.speed_mbps)
+                } else {
+                    String::new()
+                }
+            ),
+        ],
+        vec!["port".into(), s.link.devargs.clone()],
+        vec!["progress".into(), progress],
+        vec![
+            "max message".into(),
+            format!("{} ({})", s.max_message, bytes(s.max_message)),
+        ],
+        vec![
+            "responder".into(),
+            format!(
+                "echoed {} ({}), sunk {} ({}), pongs {}, truncated {}, discarded {}, failed {}",
+                r.echoed,
+                bytes(r.echoed_bytes),
+                r.sunk,
+                bytes(r.sunk_bytes),
+                r.pongs,
+                r.truncated,
+                r.discarded,
+                r.failed
+            ),
+        ],
+        vec!["config".into(), s.config.clone()],
+        vec!["pid".into(), s.pid.to_string()],
+    ];
+    table(&rows);
+}
+
+fn print_peers(p: &Peers) {
+    let mut rows = vec![[
+        "LOCAL",
+        "NODE",
+        "NAME",
+        "EP",
+        "STATE",
+        "EPOCH",
+        "MAC",
+        "SILENT_MS",
+        "FRAMES_TX",
+        "FRAMES_RX",
+        "BYTES_TX",
+        "BYTES_RX",
+        "RETX",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for e in &p.peers {
+        rows.push(vec![
+            e.local.to_string(),
+            e.node.to_string(),
+            opt(e.name.clone()),
+            e.endpoint.to_string(),
+            e.state.as_str().to_owned(),
+            opt(e.epoch),
+            e.mac.clone(),
+            opt(e.silent_ms.map(|m| format!("{m:.1}"))),
+            e.frames_sent.to_string(),
+            e.frames_received.to_string(),
+            bytes(e.bytes_sent),
+            bytes(e.bytes_received),
+            e.retransmits.to_string(),
+        ]);
+    }
+    if p.peers.is_empty() {
+        println!("no peers");
+    } else {
+        table(&rows);
+    }
+}
+
+fn print_stats(s: &Stats) {
+    for (i, e) in s.endpoints.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        let l = &e.link;
+        println!("endpoint {}", e.endpoint);
+        println!(
+            "  link: rx {} frames ({}), tx {} frames ({}), tx full {}, payload copied {}, attached {}",
+            l.rx_frames,
+            bytes(l.rx_bytes),
+            l.tx_frames,
+            bytes(l.tx_bytes),
+            l.tx_full,
+            bytes(l.payload_copied),
+            bytes(l.payload_attached)
+        );
+        let r = &e.responder;
+        println!(
+            "  responder: echoed {} ({}), sunk {} ({}), pongs {}, truncated {}, discarded {}, stray {}, failed {}",
+            r.echoed,
+            bytes(r.echoed_bytes),
+            r.sunk,
+            bytes(r.sunk_bytes),
+            r.pongs,
+            r.truncated,
+            r.discarded,
+            r.stray,
+            r.failed
+        );
+        let mut rows = vec![[
+            "  PEER",
+            "FRAMES_TX",
+            "FRAMES_RX",
+            "BYTES_TX",
+            "BYTES_RX",
+            "RETX",
+            "TIMEOUTS",
+            "DUPS",
+            "ACKS_TX",
+            "ACKS_RX",
+            "CREDIT_STALLS",
+            "WINDOW_STALLS",
+            "KEEPALIVES",
+            "HELLOS",
+            "DROPPED",
+        ]
+        .map(String::from)
+        .to_vec()];
+        for p in &e.peers {
+            let dropped = if p.dropped_by_reason.is_empty() {
+                p.dropped.to_string()
+            } else {
+                let why: Vec<String> = p
+                    .dropped_by_reason
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                format!("{} ({})", p.dropped, why.join(", "))
+            };
+            rows.push(vec![
+                format!("  {}:{}", p.node, p.endpoint),
+                p.frames_sent.to_string(),
+                p.frames_received.to_string(),
+                bytes(p.bytes_sent),
+                bytes(p.bytes_received),
+                p.retransmits.to_string(),
+                p.timeouts.to_string(),
+                p.duplicates.to_string(),
+                p.acks_sent.to_string(),
+                p.acks_received.to_string(),
+                p.credit_stalls.to_string(),
+                p.window_stalls.to_string(),
+                p.keepalives_sent.to_string(),
+                p.hellos_sent.to_string(),
+                dropped,
+            ]);
+        }
+        table(&rows);
+    }
+}
+
+fn print_check(r: &CheckReport) {
+    let mut rows = vec![["PEER", "EP", "SIZE", "RESULT", "RTT_US"]
+        .map(String::from)
+        .to_vec()];
+    for c in &r.results {
+        let peer = match &c.name {
+            Some(n) => format!("{n} ({})", c.node),
+            None => c.node.to_string(),
+        };
+        rows.push(vec![
+            peer,
+            c.endpoint.to_string(),
+            c.size.to_string(),
+            if c.ok {
+                "ok".into()
+            } else {
+                format!("FAILED: {}", c.error.as_deref().unwrap_or("?"))
+            },
+            opt(c.rtt_us.map(|t| format!("{t:.1}"))),
+        ]);
+    }
+    if !r.results.is_empty() {
+        table(&rows);
+    }
+    println!(
+        "{} of {} messages came back byte-exact",
+        r.passed,
+        r.passed + r.failed
+    );
+}

@@ -1,0 +1,345 @@
+//! `check`: messages of given sizes echoed off peers, every byte compared.
+//!
+//! A run goes through its peers side by side and through each peer's sizes
+//! one at a time (so a run never holds more than one of a peer's ECHO slots,
+//! and two daemons checking each other cannot take all of each other's
+//! slots). Each message carries [`ops::check_bits`] (this node as origin, the
+//! run, a sequence number) and the pattern seeded by those bits; its echo is
+//! caught by this node's own ECHO slots and handed here
+//! ([`Checks::on_echo`]). A message is done when its send completed and its
+//! echo came back byte-exact, or failed: the send failed, the echo differs or
+//! is short, the peer went down, or nothing came back in [`ECHO_TIMEOUT`].
+
+use std::collections::VecDeque;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use emx::proto::{Addr, RecvInfo};
+use emx_daemon::control::{reply_err, reply_ok, CheckReport, CheckResult};
+use emx_daemon::ops;
+use tracing::{debug, info};
+
+use crate::station::Station;
+
+/// How long one message may take to come back.
+pub const ECHO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One peer endpoint of a run, and the sizes still to send it.
+struct Target {
+    peer: Addr,
+    name: Option<String>,
+    sizes: VecDeque<u64>,
+    current: Option<Item>,
+}
+
+/// One message in flight.
+struct Item {
+    seq: u32,
+    bits: u64,
+    size: u64,
+    sent_at: Instant,
+    /// The send's outcome, once it completed.
+    sent: Option<Result<(), String>>,
+    /// The echo's outcome (round trip in microseconds), once it came.
+    echoed: Option<Result<f64, String>>,
+}
+
+/// One `check` request being served.
+struct Run {
+    id: u8,
+    reply: Sender<String>,
+    targets: Vec<Target>,
+    report: CheckReport,
+    next_seq: u32,
+}
+
+/// The checks under way.
+#[derive(Default)]
+pub struct Checks {
+    runs: Vec<Run>,
+    next_id: u8,
+}
+
+impl Checks {
+    /// Starts a run against `targets` (peer, its node name) with `sizes`;
+    /// `reply` gets the report when it is done. Sizes above `max` (the
+    /// responder's limit) fail at once.
+    pub fn start(
+        &mut self,
+        targets: Vec<(Addr, Option<String>)>,
+        sizes: &[u64],
+        max: usize,
+        failed_early: Vec<CheckResult>,
+        reply: Sender<String>,
+    ) {
+        let mut id = self.next_id;
+        while self.runs.iter().any(|r| r.id == id) {
+            id = id.wrapping_add(1);
+        }
+        self.next_id = id.wrapping_add(1);
+        let mut report = CheckReport {
+            results: failed_early,
+            ..CheckReport::default()
+        };
+        let mut ts = Vec::new();
+        for (peer, name) in targets {
+            let mut queue = VecDeque::new();
+            for &size in sizes {
+                if size > max as u64 {
+                    report.results.push(CheckResult {
+                        node: peer.node,
+                        name: name.clone(),
+                        endpoint: peer.endpoint,
+                        size,
+                        ok: false,
+                        rtt_us: None,
+                        error: Some(format!("larger than the responder's limit of {max} bytes")),
+                    });
+                } else {
+                    queue.push_back(size);
+                }
+            }
+            ts.push(Target {
+                peer,
+                name,
+                sizes: queue,
+                current: None,
+            });
+        }
+        info!(
+            run = id,
+            peers = ts.len(),
+            sizes = sizes.len(),
+            "check started"
+        );
+        self.runs.push(Run {
+            id,
+            reply,
+            targets: ts,
+            report,
+            next_seq: 0,
+        });
+    }
+
+    /// Whether any run is under way.
+    pub fn active(&self) -> bool {
+        !self.runs.is_empty()
+    }
+
+    /// Moves every run on: finishes messages that are done or late, sends
+    /// the next size, and answers finished runs. Returns whether anything
+    /// happened.
+    pub fn advance(&mut self, st: &mut Station) -> bool {
+        let mut busy = false;
+        let now = Instant::now();
+        for run in &mut self.runs {
+            for t in &mut run.targets {
+                if let Some(item) = &t.current {
+                    let outcome = match (&item.sent, &item.echoed) {
+                        (Some(Err(e)), _) => Some(Err(e.clone())),
+                        (_, Some(Err(e))) => Some(Err(e.clone())),
+                        (Some(Ok(())), Some(Ok(rtt))) => Some(Ok(*rtt)),
+                        _ if now.duration_since(item.sent_at) > ECHO_TIMEOUT => {
+                            Some(Err(format!("no echo within {} s", ECHO_TIMEOUT.as_secs())))
+                        }
+                        _ => None,
+                    };
+                    if let Some(outcome) = outcome {
+                        let size = item.size;
+                        push_result(&mut run.report, t, size, outcome);
+                        t.current = None;
+                        busy = true;
+                    }
+                }
+                while t.current.is_none() {
+                    let Some(size) = t.sizes.pop_front() else {
+                        break;
+                    };
+                    busy = true;
+                    let seq = run.next_seq;
+                    run.next_seq = run.next_seq.wrapping_add(1) & 0xff_ffff;
+                    let bits = ops::check_bits(st.local.node, run.id, seq);
+                    let mut bytes = vec![0u8; size as usize];
+                    ops::fill_pattern(bits, &mut bytes);
+                    match st.send_check(t.peer, bits, bytes, run.id, seq) {
+                        Ok(()) => {
+                            t.current = Some(Item {
+                                seq,
+                                bits,
+                                size,
+                                sent_at: Instant::now(),
+                                sent: None,
+                                echoed: None,
+                            })
+                        }
+                        Err(e) => push_result(&mut run.report, t, size, Err(e)),
+                    }
+                }
+            }
+        }
+        let (done, running): (Vec<Run>, Vec<Run>) =
+            std::mem::take(&mut self.runs).into_iter().partition(|r| {
+                r.targets
+                    .iter()
+                    .all(|t| t.current.is_none() && t.sizes.is_empty())
+            });
+        self.runs = running;
+        for run in done {
+            finish(run, None);
+        }
+        busy
+    }
+
+    /// A check message's send completed.
+    pub fn on_send_done(&mut self, run: u8, seq: u32, result: Result<(), String>) {
+        if let Some(item) = self.item(run, seq) {
+            item.sent = Some(result.map_err(|e| format!("send failed: {e}")));
+        }
+    }
+
+    /// An echo of one of this node's check messages arrived at `local` (in
+    /// an ECHO slot): compares it. Returns whether a run waited for it.
+    pub fn on_echo(&mut self, local: Addr, info: &RecvInfo, bytes: &[u8]) -> bool {
+        let Some((origin, run, seq)) = ops::check_parts(info.match_bits) else {
+            return false;
+        };
+        if origin != local.node {
+            return false;
+        }
+        let Some(run) = self.runs.iter_mut().find(|r| r.id == run) else {
+            return false;
+        };
+        let Some(item) = run
+            .targets
+            .iter_mut()
+            .filter(|t| t.peer == info.src)
+            .find_map(|t| t.current.as_mut().filter(|i| i.seq == seq))
+        else {
+            return false;
+        };
+        if item.bits != info.match_bits || item.echoed.is_some() {
+            return false;
+        }
+        let rtt = item.sent_at.elapsed().as_secs_f64() * 1e6;
+        item.echoed = Some(if info.msg_len != item.size {
+            Err(format!(
+                "the echo is {} bytes long, {} were sent",
+                info.msg_len, item.size
+            ))
+        } else if info.truncated {
+            Err(format!(
+                "the echo was truncated to {} bytes here (the responder's limit)",
+                info.copied
+            ))
+        } else if let Some(k) = ops::pattern_mismatch(item.bits, bytes) {
+            Err(format!("byte {k} of the echo differs from what was sent"))
+        } else {
+            Ok(rtt)
+        });
+        true
+    }
+
+    /// `peer` went down: its messages in flight and its sizes still to send
+    /// fail.
+    pub fn peer_down(&mut self, peer: Addr) {
+        for run in &mut self.runs {
+            for t in run.targets.iter_mut().filter(|t| t.peer == peer) {
+                if let Some(item) = &mut t.current {
+                    if item.echoed.is_none() {
+                        item.echoed = Some(Err("the peer went down".into()));
+                    }
+                }
+                while let Some(size) = t.sizes.pop_front() {
+                    push_result(&mut run.report, t, size, Err("the peer is down".into()));
+                }
+            }
+        }
+    }
+
+    /// Answers every run with what it has so far and `why` it stopped.
+    pub fn abort_all(&mut self, why: &str) {
+        for run in std::mem::take(&mut self.runs) {
+            finish(run, Some(why));
+        }
+    }
+
+    fn item(&mut self, run: u8, seq: u32) -> Option<&mut Item> {
+        self.runs
+            .iter_mut()
+            .find(|r| r.id == run)?
+            .targets
+            .iter_mut()
+            .find_map(|t| t.current.as_mut().filter(|i| i.seq == seq))
+    }
+}
+
+fn push_result(report: &mut CheckReport, t: &Target, size: u64, outcome: Result<f64, String>) {
+    let (ok, rtt_us, error) = match outcome {
+        Ok(rtt) => (true, Some(rtt), None),
+        Err(e) => (false, None, Some(e)),
+    };
+    debug!(peer = ?t.peer, size, ok, error = error.as_deref(), "check message done");
+    report.results.push(CheckResult {
+        node: t.peer.node,
+        name: t.name.clone(),
+        endpoint: t.peer.endpoint,
+        size,
+        ok,
+        rtt_us,
+        error,
+    });
+}
+
+/// Answers a run: `ok` when every message came back byte-exact.
+fn finish(mut run: Run, interrupted: Option<&str>) {
+    let not_run: usize = run
+        .targets
+        .iter()
+        .map(|t| t.sizes.len() + usize::from(t.current.is_some()))
+        .sum();
+    run.report.passed = run.report.results.iter().filter(|r| r.ok).count();
+    run.report.failed = run.report.results.len() - run.report.passed;
+    let r = &run.report;
+    let reply = match interrupted {
+        Some(why) => {
+            info!(
+                run = run.id,
+                passed = r.passed,
+                failed = r.failed,
+                not_run,
+                "check interrupted: {why}"
+            );
+            reply_err(
+                &format!(
+                    "{why}: check interrupted ({} passed, {} failed, {not_run} not done)",
+                    r.passed, r.failed
+                ),
+                Some(r),
+            )
+        }
+        None if r.failed > 0 || r.results.is_empty() => {
+            info!(
+                run = run.id,
+                passed = r.passed,
+                failed = r.failed,
+                "check failed"
+            );
+            let why = if r.results.is_empty() {
+                "nothing was checked".to_owned()
+            } else {
+                format!(
+                    "check failed: {} of {} messages did not come back byte-exact",
+                    r.failed,
+                    r.results.len()
+                )
+            };
+            reply_err(&why, Some(r))
+        }
+        None => {
+            info!(run = run.id, passed = r.passed, "check passed");
+            reply_ok(r)
+        }
+    };
+    // The client may have gone; nothing to do then.
+    let _ = run.reply.send(reply);
+}

@@ -1,0 +1,251 @@
+//! `emxd`: the emx node daemon. What it does, its responder convention,
+//! liveness design and control protocol are described in the `emx_daemon`
+//! crate's documentation.
+#![deny(unsafe_code)]
+
+mod check;
+mod daemon;
+mod server;
+mod station;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::{Parser, ValueEnum};
+use emx::runtime::{register_memory, start_node, Node};
+use emx_config::{resolve_identity, ClusterConfig, LogFormat, LogLevel};
+use emx_daemon::control::default_control_path;
+use emx_daemon::ops;
+use tracing::info;
+use tracing::level_filters::LevelFilter;
+
+use daemon::{Daemon, NodeInfo, Parts};
+use station::Station;
+
+/// The emx node daemon: runs one node of a cluster file, answers ECHO,
+/// SINK and PING messages on its endpoints, watches its peers, and serves a
+/// control socket (see emxctl).
+#[derive(Parser, Debug)]
+#[command(name = "emxd", version)]
+struct Args {
+    /// The cluster file.
+    #[arg(long, env = "EMX_CONFIG", value_name = "FILE")]
+    config: PathBuf,
+    /// Which node of the file this is, by name or id. Default: EMX_NODE, or
+    /// a launcher's rank (SLURM_PROCID, PMI_RANK, OMPI_COMM_WORLD_RANK).
+    #[arg(long, value_name = "NAME|ID")]
+    node: Option<String>,
+    /// The control socket. Default: /run/emx/emxd-NAME.sock with the node's
+    /// name (the directory is created).
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+    /// The most verbose level logged, instead of logging.level in the cluster file.
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    log_level: Option<Level>,
+    /// How log lines are written, instead of logging.format in the cluster file.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    log_format: Option<Format>,
+}
+
+/// A log level on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Level {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+/// A log format on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+/// Why emxd could not start: a bad configuration (exit 2) or anything else
+/// (exit 1).
+enum Failure {
+    Config(String),
+    Start(String),
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(msg)) => {
+            eprintln!("emxd: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Start(msg)) => {
+            eprintln!("emxd: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), Failure> {
+    let config = |e: emx_config::ConfigError| Failure::Config(e.to_string());
+    let cluster = ClusterConfig::load(&args.config).map_err(config)?;
+    let me = resolve_identity(args.node.as_deref(), |k| std::env::var(k).ok()).map_err(config)?;
+    let spec = cluster.node_for(&me).map_err(config)?.clone();
+    let mut node_cfg = cluster.local_node_config(&me).map_err(config)?;
+    init_logging(
+        args.log_level
+            .map(level_filter)
+            .unwrap_or_else(|| file_level(cluster.logging().level)),
+        match args.log_format {
+            Some(Format::Json) => true,
+            Some(Format::Text) => false,
+            None => cluster.logging().format == LogFormat::Json,
+        },
+    );
+
+    // The responder's buffers: ECHO_SLOTS per endpoint in the region.
+    let n_eps = node_cfg.engine.endpoints.len();
+    let region_bytes = cluster.memory().region_bytes();
+    let max = ops::max_message(region_bytes / n_eps);
+    if max == 0 {
+        return Err(Failure::Config(format!(
+            "{}: memory.region_mb: {} MiB is too small for {n_eps} endpoints' responders",
+            cluster.origin(),
+            cluster.memory().region_mb
+        )));
+    }
+
+    // The engine does not say which epoch it chose: choose it here, from
+    // the clock, so that a restart comes back with a later one.
+    let epoch = fresh_epoch();
+    node_cfg.engine.epoch = Some(epoch);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())
+            .map_err(|e| Failure::Start(format!("cannot handle signal {sig}: {e}")))?;
+    }
+    let control = args
+        .control
+        .clone()
+        .unwrap_or_else(|| default_control_path(&spec.name));
+    let (listener, socket_file) = server::bind(&control).map_err(Failure::Start)?;
+
+    info!(
+        node = spec.id,
+        name = %spec.name,
+        port = %spec.port,
+        epoch,
+        config = %args.config.display(),
+        control = %control.display(),
+        "starting"
+    );
+    let Node {
+        mut engine,
+        port,
+        pool,
+        eal,
+    } = start_node(&node_cfg).map_err(|e| {
+        Failure::Start(format!(
+            "cannot start node {:?} on port {}: {e}",
+            spec.name, spec.port
+        ))
+    })?;
+    let region = register_memory(&eal, region_bytes).map_err(|e| {
+        Failure::Start(format!(
+            "cannot register {} MiB of memory: {e}",
+            cluster.memory().region_mb
+        ))
+    })?;
+    let mut stations = Vec::with_capacity(n_eps);
+    for (i, &id) in node_cfg.engine.endpoints.iter().enumerate() {
+        let ep = engine
+            .endpoint_id(id)
+            .map_err(|e| Failure::Start(format!("endpoint {id}: {e}")))?;
+        stations.push(Station::new(
+            ep,
+            region.clone(),
+            i * ops::ECHO_SLOTS * max,
+            max,
+        ));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    server::serve(listener, tx).map_err(Failure::Start)?;
+    info!(
+        node = spec.id,
+        name = %spec.name,
+        link = port.name(),
+        mac = %emx_config::Mac::Addr(port.mac()),
+        mtu = port.mtu(),
+        endpoints = ?node_cfg.engine.endpoints,
+        progress = ?node_cfg.engine.progress,
+        max_message = max,
+        "node up"
+    );
+    let info = NodeInfo {
+        node: spec.id,
+        name: spec.name.clone(),
+        epoch,
+        devargs: spec.port.clone(),
+        progress: node_cfg.engine.progress.clone(),
+        config: args.config.display().to_string(),
+    };
+    let parts = Parts {
+        engine,
+        stations,
+        port,
+        pool,
+        region,
+        eal,
+        max,
+    };
+    Daemon::new(parts, cluster, info, rx, stop).run();
+    drop(socket_file);
+    Ok(())
+}
+
+/// A session epoch from the clock in microseconds (it wraps every 71
+/// minutes; the engine compares epochs as serial numbers). Never 0, which
+/// means "unknown".
+fn fresh_epoch() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_micros() as u32).max(1)
+}
+
+fn level_filter(l: Level) -> LevelFilter {
+    match l {
+        Level::Error => LevelFilter::ERROR,
+        Level::Warn => LevelFilter::WARN,
+        Level::Info => LevelFilter::INFO,
+        Level::Debug => LevelFilter::DEBUG,
+        Level::Trace => LevelFilter::TRACE,
+    }
+}
+
+fn file_level(l: LogLevel) -> LevelFilter {
+    match l {
+        LogLevel::Error => LevelFilter::ERROR,
+        LogLevel::Warn => LevelFilter::WARN,
+        LogLevel::Info => LevelFilter::INFO,
+        LogLevel::Debug => LevelFilter::DEBUG,
+        LogLevel::Trace => LevelFilter::TRACE,
+    }
+}
+
+/// Log lines to stderr, text (coloured on a terminal) or JSON.
+fn init_logging(level: LevelFilter, json: bool) {
+    let b = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_target(false);
+    if json {
+        b.json().init();
+    } else {
+        b.with_ansi(std::io::stderr().is_terminal()).init();
+    }
+}

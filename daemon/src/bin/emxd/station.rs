@@ -1,0 +1,767 @@
+//! One local endpoint as emxd runs it: the built-in responder's receives and
+//! echoes, the per-peer liveness receives, the requests of checks, and the
+//! table that says what each outstanding request is for.
+//!
+//! The station only ever touches its own endpoint; the daemon's main loop
+//! calls [`Station::poll`] on every turn and [`Station::scan`] every 10 ms.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use dpdk_ffi::ExtMem;
+use emx::proto::{Addr, RequestError};
+use emx::runtime::{Completed, Endpoint, Error, PeerStatus, RecvBuf, Request, SendBuf};
+use emx_config::{ClusterConfig, Mac};
+use emx_daemon::control::{PeerEntry, PeerState, PeerStatsEntry, ResponderCounters};
+use emx_daemon::ops::{self, ECHO, OP_MASK, PING, PING_BYTES, PONG, SINK};
+use tracing::{debug, info, trace, warn};
+
+use crate::check::Checks;
+
+/// The MAC of a peer whose address the engine is still to learn.
+const UNLEARNT_MAC: [u8; 6] = [0xff; 6];
+
+/// What an outstanding request is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// An ECHO receive in slot `n` of the registered region.
+    EchoRecv(usize),
+    /// The echo of what slot `n` received, sent from it.
+    EchoSend(usize),
+    /// A SINK receive.
+    Sink,
+    /// The liveness receive on one peer (PING messages from it).
+    Watch(Addr),
+    /// The answer to a PING.
+    Pong,
+    /// A receive that takes a message nobody serves, to drop it.
+    Discard,
+    /// A check's message, sent to be echoed.
+    CheckSend { run: u8, seq: u32 },
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::EchoRecv(_) => "echo receive",
+            Role::EchoSend(_) => "echo send",
+            Role::Sink => "sink receive",
+            Role::Watch(_) => "liveness receive",
+            Role::Pong => "pong send",
+            Role::Discard => "discard receive",
+            Role::CheckSend { .. } => "check send",
+        }
+    }
+
+    /// A receive that holds nothing until a message matches it, and can be
+    /// cancelled at shutdown with nothing lost.
+    fn idle_receive(self) -> bool {
+        matches!(
+            self,
+            Role::EchoRecv(_) | Role::Sink | Role::Watch(_) | Role::Discard
+        )
+    }
+}
+
+/// An ECHO slot: a range of the registered region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    /// A receive is posted on it.
+    Posted,
+    /// Its echo is being sent.
+    Echoing,
+    /// To be posted again (its range may still be referenced by frames).
+    Free,
+}
+
+/// The last state of a peer that was logged.
+#[derive(Clone, Copy, Debug)]
+struct View {
+    state: PeerState,
+    epoch: u32,
+}
+
+/// What closing a station found, by kind of request.
+#[derive(Debug, Default)]
+pub struct CloseSummary {
+    /// Idle receives cancelled before closing (nothing lost).
+    pub cancelled: usize,
+    /// Requests carrying data that finished while draining.
+    pub drained: usize,
+    /// Requests carrying data aborted at the deadline.
+    pub aborted: usize,
+    /// `kind: count` of the drained ones.
+    pub drained_kinds: BTreeMap<&'static str, usize>,
+    /// `kind: count` of the aborted ones.
+    pub aborted_kinds: BTreeMap<&'static str, usize>,
+}
+
+/// One endpoint, its responder and its liveness receives.
+pub struct Station {
+    /// The endpoint.
+    pub ep: Endpoint,
+    /// Its address.
+    pub local: Addr,
+    region: ExtMem,
+    /// Where this station's slots start in the region.
+    base: usize,
+    /// Bytes per ECHO slot (and per SINK buffer): the largest message taken
+    /// whole.
+    max: usize,
+    slots: Vec<Slot>,
+    /// SINK receives not posted (their buffers), to post again.
+    sinks_free: Vec<Vec<u8>>,
+    /// Every outstanding request and what it is for.
+    reqs: Vec<(Request, Role)>,
+    /// Per peer in the engine's table: its liveness receive, when posted.
+    watches: BTreeMap<Addr, Option<Request>>,
+    /// Per peer: what was last logged.
+    views: BTreeMap<Addr, View>,
+    /// The responder's counters.
+    pub counters: ResponderCounters,
+    /// Stopping: nothing is posted or echoed any more.
+    closing: bool,
+    /// A repost failed and was logged (logged once until one succeeds).
+    repost_warned: bool,
+}
+
+impl Station {
+    /// Takes `ep` over: posts the responder's receives ([`ops::ECHO_SLOTS`]
+    /// ECHO slots of `max` bytes carved from `region` at `base`, and
+    /// [`ops::SINK_SLOTS`] SINK buffers) and a liveness receive on every peer
+    /// the engine knows.
+    pub fn new(mut ep: Endpoint, region: ExtMem, base: usize, max: usize) -> Station {
+        let local = ep.local();
+        let peers = ep.peers().unwrap_or_default();
+        let mut st = Station {
+            local,
+            region,
+            base,
+            max,
+            slots: vec![Slot::Free; ops::ECHO_SLOTS],
+            sinks_free: (0..ops::SINK_SLOTS).map(|_| vec![0u8; max]).collect(),
+            reqs: Vec::new(),
+            watches: peers.iter().map(|p| (p.addr, None)).collect(),
+            views: peers
+                .iter()
+                .map(|p| {
+                    let v = View {
+                        state: PeerState::Unknown,
+                        epoch: 0,
+                    };
+                    (p.addr, v)
+                })
+                .collect(),
+            counters: ResponderCounters::default(),
+            closing: false,
+            repost_warned: false,
+            ep,
+        };
+        st.repost();
+        let addrs: Vec<Addr> = st.watches.keys().copied().collect();
+        for a in addrs {
+            st.post_watch(a);
+        }
+        st
+    }
+
+    /// Slot `n` is `region[base + n * max..][..max]`.
+    fn slot_offset(&self, n: usize) -> usize {
+        self.base + n * self.max
+    }
+
+    /// Posts what is not posted: free ECHO slots and SINK buffers.
+    fn repost(&mut self) {
+        if self.closing {
+            return;
+        }
+        for n in 0..self.slots.len() {
+            if self.slots[n] == Slot::Free {
+                self.post_slot(n);
+            }
+        }
+        while let Some(buf) = self.sinks_free.pop() {
+            match self
+                .ep
+                .irecv(None, ops::with_op(SINK, 0), OP_MASK, RecvBuf::Owned(buf))
+            {
+                Ok(r) => self.reqs.push((r, Role::Sink)),
+                Err(refused) => {
+                    self.warn_repost("sink receive", &refused.error);
+                    if let RecvBuf::Owned(b) = refused.buf {
+                        self.sinks_free.push(b);
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    fn warn_repost(&mut self, what: &str, e: &Error) {
+        if !self.repost_warned {
+            warn!(endpoint = self.local.endpoint, error = %e, "cannot post a {what}; retrying");
+            self.repost_warned = true;
+        }
+    }
+
+    fn post_slot(&mut self, n: usize) {
+        let off = self.slot_offset(n);
+        let Ok(buf) = self.region.buffer(off, self.max) else {
+            // Frames of the last echo still refer to the range: next turn.
+            self.slots[n] = Slot::Free;
+            return;
+        };
+        match self.ep.irecv(
+            None,
+            ops::with_op(ECHO, 0),
+            OP_MASK,
+            RecvBuf::Registered(buf),
+        ) {
+            Ok(r) => {
+                self.reqs.push((r, Role::EchoRecv(n)));
+                self.slots[n] = Slot::Posted;
+                self.repost_warned = false;
+            }
+            Err(refused) => {
+                self.warn_repost("echo receive", &refused.error);
+                self.slots[n] = Slot::Free;
+            }
+        }
+    }
+
+    fn post_watch(&mut self, peer: Addr) {
+        if self.closing || self.watches.get(&peer).is_some_and(Option::is_some) {
+            return;
+        }
+        match self.ep.irecv(
+            Some(peer),
+            ops::with_op(PING, 0),
+            OP_MASK,
+            vec![0u8; PING_BYTES],
+        ) {
+            Ok(r) => {
+                self.reqs.push((r, Role::Watch(peer)));
+                self.watches.insert(peer, Some(r));
+            }
+            // Declared down: posted again once it is back.
+            Err(refused) => {
+                debug!(peer = ?peer, error = %refused.error, "liveness receive not posted");
+                self.watches.insert(peer, None);
+            }
+        }
+    }
+
+    /// Drives the endpoint once and handles every request that finished.
+    /// Returns whether anything happened.
+    pub fn poll(&mut self, checks: &mut Checks) -> bool {
+        let mut busy = self.ep.progress();
+        let reqs = std::mem::take(&mut self.reqs);
+        for (req, role) in reqs {
+            match self.ep.test(req) {
+                Ok(Some(c)) => {
+                    busy = true;
+                    self.finished(role, c, checks);
+                }
+                Ok(None) => self.reqs.push((req, role)),
+                Err(e) => {
+                    // A handle the endpoint does not know: never expected.
+                    warn!(endpoint = self.local.endpoint, error = %e, role = role.name(), "request lost");
+                    self.lost(role, checks);
+                }
+            }
+        }
+        if self.slots.contains(&Slot::Free) || !self.sinks_free.is_empty() {
+            self.repost();
+        }
+        busy
+    }
+
+    /// A request whose handle went bad: put its slot back in service.
+    fn lost(&mut self, role: Role, checks: &mut Checks) {
+        match role {
+            Role::EchoRecv(n) | Role::EchoSend(n) => self.slots[n] = Slot::Free,
+            Role::Sink => self.sinks_free.push(vec![0u8; self.max]),
+            Role::Watch(p) => {
+                self.watches.insert(p, None);
+            }
+            Role::CheckSend { run, seq } => {
+                checks.on_send_done(run, seq, Err("the request was lost".into()))
+            }
+            Role::Pong | Role::Discard => {}
+        }
+    }
+
+    fn finished(&mut self, role: Role, c: Completed, checks: &mut Checks) {
+        match role {
+            Role::EchoRecv(n) => match c.into_recv() {
+                Ok((buf, info)) => self.on_echo_message(n, buf, info, checks),
+                Err(e) => {
+                    self.count_failure(role, &e);
+                    self.slots[n] = Slot::Free;
+                }
+            },
+            Role::EchoSend(n) => {
+                match c.into_send() {
+                    Ok(buf) => {
+                        self.counters.echoed += 1;
+                        self.counters.echoed_bytes += buf.as_ref().len() as u64;
+                    }
+                    Err(e) => self.count_failure(role, &e),
+                }
+                // The send's buffer is dropped above; its range is lent again.
+                self.slots[n] = Slot::Free;
+            }
+            Role::Sink => match c.into_recv() {
+                Ok((buf, info)) => {
+                    self.counters.sunk += 1;
+                    self.counters.sunk_bytes += info.msg_len;
+                    self.note_truncated(&info);
+                    if let RecvBuf::Owned(b) = buf {
+                        self.sinks_free.push(b);
+                    }
+                }
+                Err(e) => {
+                    self.count_failure(role, &e);
+                    self.sinks_free.push(vec![0u8; self.max]);
+                }
+            },
+            Role::Watch(peer) => {
+                self.watches.insert(peer, None);
+                match c.into_recv() {
+                    Ok((buf, info)) => {
+                        let n = info.copied as usize;
+                        let answer = buf.as_ref()[..n].to_vec();
+                        let bits = ops::with_op(PONG, info.match_bits);
+                        match self.ep.isend(info.src, bits, answer) {
+                            Ok(r) => {
+                                self.counters.pongs += 1;
+                                self.reqs.push((r, Role::Pong));
+                            }
+                            Err(refused) => {
+                                debug!(peer = ?info.src, error = %refused.error, "PING not answered")
+                            }
+                        }
+                        self.post_watch(peer);
+                    }
+                    // Declared unreachable: the scan logs it and posts the
+                    // receive again when the peer is back.
+                    Err(Error::Request(RequestError::PeerUnreachable)) => {}
+                    Err(e) => {
+                        self.count_failure(role, &e);
+                        self.post_watch(peer);
+                    }
+                }
+            }
+            Role::Pong | Role::Discard => {
+                if let Err(e) = c.result {
+                    self.count_failure(role, &e);
+                }
+            }
+            Role::CheckSend { run, seq } => {
+                let r = c.result.map(|_| ()).map_err(|e| e.to_string());
+                checks.on_send_done(run, seq, r);
+            }
+        }
+    }
+
+    fn count_failure(&mut self, role: Role, e: &Error) {
+        match e {
+            Error::ShutDown | Error::Request(RequestError::Cancelled) => {}
+            e => {
+                self.counters.failed += 1;
+                debug!(endpoint = self.local.endpoint, role = role.name(), error = %e, "request failed");
+            }
+        }
+    }
+
+    fn note_truncated(&mut self, info: &emx::proto::RecvInfo) {
+        if info.truncated {
+            self.counters.truncated += 1;
+            if self.counters.truncated == 1 {
+                warn!(
+                    peer = ?info.src,
+                    len = info.msg_len,
+                    limit = self.max,
+                    "message longer than the responder's limit, truncated (logged once)"
+                );
+            }
+        }
+    }
+
+    /// A message in ECHO slot `n`: an answer to one of our checks, or a
+    /// request to echo.
+    fn on_echo_message(
+        &mut self,
+        n: usize,
+        buf: RecvBuf,
+        info: emx::proto::RecvInfo,
+        checks: &mut Checks,
+    ) {
+        let copied = info.copied as usize;
+        if ops::check_parts(info.match_bits).is_some_and(|(origin, _, _)| origin == self.local.node)
+        {
+            // Our own check's message, come back: never echoed again.
+            if !checks.on_echo(self.local, &info, &buf.as_ref()[..copied]) {
+                self.counters.stray += 1;
+                debug!(peer = ?info.src, bits = info.match_bits, "stray check answer dropped");
+            }
+            self.repost_with(n, buf);
+            return;
+        }
+        self.note_truncated(&info);
+        if self.closing {
+            self.slots[n] = Slot::Free;
+            return;
+        }
+        // The prefix the message filled goes back out as it lies: the slot's
+        // buffer is given up and that range lent again, with no copy.
+        drop(buf);
+        let send = if copied == 0 {
+            Ok(SendBuf::Owned(Vec::new()))
+        } else {
+            self.region
+                .buffer(self.slot_offset(n), copied)
+                .map(SendBuf::Registered)
+        };
+        let send = match send {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot lend the echo's bytes; not echoed");
+                self.slots[n] = Slot::Free;
+                return;
+            }
+        };
+        trace!(peer = ?info.src, len = copied, "echo");
+        match self.ep.isend(info.src, info.match_bits, send) {
+            Ok(r) => {
+                self.reqs.push((r, Role::EchoSend(n)));
+                self.slots[n] = Slot::Echoing;
+            }
+            Err(refused) => {
+                self.counters.failed += 1;
+                debug!(peer = ?info.src, error = %refused.error, "echo refused");
+                self.slots[n] = Slot::Free;
+            }
+        }
+    }
+
+    /// Posts slot `n` again with the buffer it had.
+    fn repost_with(&mut self, n: usize, buf: RecvBuf) {
+        if self.closing {
+            self.slots[n] = Slot::Free;
+            return;
+        }
+        match self.ep.irecv(None, ops::with_op(ECHO, 0), OP_MASK, buf) {
+            Ok(r) => {
+                self.reqs.push((r, Role::EchoRecv(n)));
+                self.slots[n] = Slot::Posted;
+            }
+            Err(refused) => {
+                self.warn_repost("echo receive", &refused.error);
+                self.slots[n] = Slot::Free;
+            }
+        }
+    }
+
+    /// Sends a check's message (to be echoed by `peer`).
+    pub fn send_check(
+        &mut self,
+        peer: Addr,
+        bits: u64,
+        bytes: Vec<u8>,
+        run: u8,
+        seq: u32,
+    ) -> Result<(), String> {
+        match self.ep.isend(peer, bits, bytes) {
+            Ok(r) => {
+                self.reqs.push((r, Role::CheckSend { run, seq }));
+                Ok(())
+            }
+            Err(refused) => Err(format!("send refused: {}", refused.error)),
+        }
+    }
+
+    /// Reads every peer's state, logs what changed, tells checks about peers
+    /// that went down, posts liveness receives on peers that are back, and
+    /// drops messages that nobody serves.
+    pub fn scan(&mut self, checks: &mut Checks) {
+        let Ok(peers) = self.ep.peers() else { return };
+        for p in &peers {
+            let state = state_of(p);
+            let view = self.views.entry(p.addr).or_insert(View {
+                state: PeerState::Unknown,
+                epoch: 0,
+            });
+            let was = *view;
+            let silent_ms = p.silent_for.map(millis);
+            match (was.state, state) {
+                (PeerState::Up, PeerState::Up) if p.epoch != was.epoch => {
+                    info!(
+                        local = self.local.endpoint,
+                        peer.node = p.addr.node,
+                        peer.endpoint = p.addr.endpoint,
+                        old_epoch = was.epoch,
+                        epoch = p.epoch,
+                        "peer restarted (new epoch)"
+                    );
+                }
+                (s, PeerState::Up) if s != PeerState::Up => {
+                    if was.epoch != 0 && was.epoch != p.epoch {
+                        info!(
+                            local = self.local.endpoint,
+                            peer.node = p.addr.node,
+                            peer.endpoint = p.addr.endpoint,
+                            old_epoch = was.epoch,
+                            epoch = p.epoch,
+                            "peer up again with a new epoch"
+                        );
+                    } else {
+                        info!(
+                            local = self.local.endpoint,
+                            peer.node = p.addr.node,
+                            peer.endpoint = p.addr.endpoint,
+                            epoch = p.epoch,
+                            "peer up"
+                        );
+                    }
+                }
+                (PeerState::Up, PeerState::Down) => {
+                    warn!(
+                        local = self.local.endpoint,
+                        peer.node = p.addr.node,
+                        peer.endpoint = p.addr.endpoint,
+                        epoch = was.epoch,
+                        silent_ms,
+                        "peer down: silent past the liveness deadline"
+                    );
+                }
+                (PeerState::Unknown | PeerState::Unresolved, PeerState::Down) => {
+                    warn!(
+                        local = self.local.endpoint,
+                        peer.node = p.addr.node,
+                        peer.endpoint = p.addr.endpoint,
+                        "peer down: never answered within the liveness deadline"
+                    );
+                }
+                _ => {}
+            }
+            view.state = state;
+            if p.epoch != 0 {
+                view.epoch = p.epoch;
+            }
+            if state == PeerState::Down {
+                checks.peer_down(p.addr);
+            } else if !self.closing && !self.watches.get(&p.addr).is_some_and(Option::is_some) {
+                self.post_watch(p.addr);
+            }
+        }
+        self.discard_unserved();
+    }
+
+    /// Receives (and drops) the oldest unexpected messages while their op is
+    /// not one the responder serves: they would hold their sender's credits
+    /// forever.
+    fn discard_unserved(&mut self) {
+        if self.closing {
+            return;
+        }
+        for _ in 0..64 {
+            let Ok(Some(m)) = self.ep.probe(None, 0, 0) else {
+                return;
+            };
+            let served = match ops::op_of(m.match_bits) {
+                ECHO | SINK => true,
+                PING => self.watches.get(&m.src).is_some_and(Option::is_some),
+                _ => false,
+            };
+            if served {
+                return;
+            }
+            match self
+                .ep
+                .irecv(Some(m.src), m.match_bits, u64::MAX, Vec::new())
+            {
+                Ok(r) => {
+                    self.counters.discarded += 1;
+                    debug!(peer = ?m.src, bits = m.match_bits, len = m.len, "message with an unserved op discarded");
+                    self.reqs.push((r, Role::Discard));
+                    // Inline, the receive matched at once; let it finish so
+                    // that the next probe sees the next message.
+                    self.ep.progress();
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// This endpoint's view of its peers, and the cluster file's nodes whose
+    /// MAC is `auto` (not in the engine's table yet) as unresolved.
+    pub fn peer_entries(&mut self, cluster: &ClusterConfig) -> Result<Vec<PeerEntry>, Error> {
+        let peers = self.ep.peers()?;
+        let mut out: Vec<PeerEntry> = peers
+            .iter()
+            .map(|p| PeerEntry {
+                local: self.local.endpoint,
+                node: p.addr.node,
+                name: cluster.node_by_id(p.addr.node).map(|n| n.name.clone()),
+                endpoint: p.addr.endpoint,
+                mac: if p.mac == UNLEARNT_MAC {
+                    "auto".into()
+                } else {
+                    Mac::Addr(p.mac).to_string()
+                },
+                state: state_of(p),
+                epoch: (p.epoch != 0).then_some(p.epoch),
+                silent_ms: p.silent_for.map(millis),
+                frames_sent: p.stats.frames_sent,
+                frames_received: p.stats.frames_received,
+                bytes_sent: p.stats.bytes_sent,
+                bytes_received: p.stats.bytes_received,
+                retransmits: p.stats.retransmits,
+            })
+            .collect();
+        for n in cluster.nodes() {
+            if n.id == self.local.node || n.mac != Mac::Auto {
+                continue;
+            }
+            for &e in &n.endpoints {
+                if peers.iter().any(|p| p.addr == Addr::new(n.id, e)) {
+                    continue;
+                }
+                out.push(PeerEntry {
+                    local: self.local.endpoint,
+                    node: n.id,
+                    name: Some(n.name.clone()),
+                    endpoint: e,
+                    mac: "auto".into(),
+                    state: PeerState::Unresolved,
+                    epoch: None,
+                    silent_ms: None,
+                    frames_sent: 0,
+                    frames_received: 0,
+                    bytes_sent: 0,
+                    bytes_received: 0,
+                    retransmits: 0,
+                });
+            }
+        }
+        out.sort_by_key(|p| (p.local, p.node, p.endpoint));
+        Ok(out)
+    }
+
+    /// Every peer's full protocol counters.
+    pub fn peer_stats(&mut self) -> Result<Vec<PeerStatsEntry>, Error> {
+        Ok(self
+            .ep
+            .peers()?
+            .iter()
+            .map(|p| {
+                let s = &p.stats;
+                PeerStatsEntry {
+                    node: p.addr.node,
+                    endpoint: p.addr.endpoint,
+                    frames_sent: s.frames_sent,
+                    bytes_sent: s.bytes_sent,
+                    frames_received: s.frames_received,
+                    bytes_received: s.bytes_received,
+                    retransmits: s.retransmits,
+                    timeouts: s.timeouts,
+                    duplicates: s.duplicates,
+                    acks_sent: s.acks_sent,
+                    acks_received: s.acks_received,
+                    credit_stalls: s.credit_stalls,
+                    window_stalls: s.window_stalls,
+                    keepalives_sent: s.keepalives_sent,
+                    hellos_sent: s.hellos_sent,
+                    dropped: s.dropped.total(),
+                    dropped_by_reason: emx::wire::DropReason::ALL
+                        .iter()
+                        .filter(|&&r| s.dropped.get(r) > 0)
+                        .map(|&r| (format!("{r:?}"), s.dropped.get(r)))
+                        .collect(),
+                }
+            })
+            .collect())
+    }
+
+    /// The peers' states, for choosing what to check.
+    pub fn peer_states(&mut self) -> Vec<(Addr, PeerState)> {
+        self.ep
+            .peers()
+            .unwrap_or_default()
+            .iter()
+            .map(|p| (p.addr, state_of(p)))
+            .collect()
+    }
+
+    /// Stops taking work: receives that hold nothing yet are cancelled (and
+    /// their completions taken, for up to `wait`), nothing is posted or
+    /// echoed any more. Returns how many were cancelled.
+    pub fn quiesce(&mut self, checks: &mut Checks, wait: Duration) -> usize {
+        self.closing = true;
+        let mut cancelled = 0;
+        let idle: Vec<Request> = self
+            .reqs
+            .iter()
+            .filter(|(_, role)| role.idle_receive())
+            .map(|&(r, _)| r)
+            .collect();
+        for r in &idle {
+            if let Ok(true) = self.ep.cancel(*r) {
+                cancelled += 1;
+            }
+        }
+        // Take the cancellations (and anything else that finished meanwhile).
+        let until = std::time::Instant::now() + wait;
+        while std::time::Instant::now() < until {
+            self.poll(checks);
+            if !self.reqs.iter().any(|(r, _)| idle.contains(r)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        cancelled
+    }
+
+    /// Closes the endpoint: what still carries data gets until `deadline` to
+    /// finish, the rest is aborted. Call [`Station::quiesce`] first.
+    pub fn close(self, deadline: Duration, cancelled: usize) -> CloseSummary {
+        let roles: HashMap<Request, Role> = self.reqs.iter().copied().collect();
+        let report = self.ep.close(deadline);
+        let mut sum = CloseSummary {
+            cancelled,
+            drained: report.drained,
+            aborted: report.aborted,
+            ..CloseSummary::default()
+        };
+        for (r, c) in &report.completed {
+            let kind = roles.get(r).map_or("request", |r| r.name());
+            let aborted = matches!(c.result, Err(Error::ShutDown));
+            let kinds = if aborted {
+                &mut sum.aborted_kinds
+            } else {
+                &mut sum.drained_kinds
+            };
+            *kinds.entry(kind).or_default() += 1;
+        }
+        sum
+    }
+}
+
+/// A peer's state from the engine's view of it.
+pub fn state_of(p: &PeerStatus) -> PeerState {
+    if p.down {
+        PeerState::Down
+    } else if p.epoch != 0 {
+        PeerState::Up
+    } else if p.mac == UNLEARNT_MAC {
+        PeerState::Unresolved
+    } else {
+        PeerState::Unknown
+    }
+}
+
+/// A duration in milliseconds, to a microsecond.
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}

@@ -1,0 +1,505 @@
+//! The control protocol between `emxctl` (or any tool) and `emxd`: a Unix
+//! stream socket, one JSON request per line, one JSON reply per line, in
+//! order.
+//!
+//! Requests are objects with a `cmd` ([`Request`]). Every reply is an object
+//! with `"ok": true|false`; a failed one has `"error"` with the reason. A
+//! successful reply carries the command's fields beside `ok`: [`Status`],
+//! [`Peers`], [`Stats`], [`CheckReport`] (a check that ran but failed has
+//! `"ok": false`, an `error`, and its results too).
+//!
+//! ```text
+//! > {"cmd":"peers"}
+//! < {"ok":true,"peers":[{"local":0,"node":2,"name":"client","endpoint":0,"mac":"02:00:00:00:00:02","state":"up","epoch":123,"silent_ms":0.4,...}]}
+//! > {"cmd":"check","sizes":[1000,1048576],"peer":"client"}
+//! < {"ok":true,"results":[{"node":2,"name":"client","endpoint":0,"size":1000,"ok":true,"rtt_us":35.2},...],"passed":2,"failed":0}
+//! > {"cmd":"bogus"}
+//! < {"ok":false,"error":"bad request: unknown variant `bogus`, expected one of ..."}
+//! ```
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Where emxd listens when not told (`--control`): `/run/emx/emxd-<node>.sock`.
+pub fn default_control_path(node_name: &str) -> PathBuf {
+    PathBuf::from(format!("/run/emx/emxd-{node_name}.sock"))
+}
+
+/// A control request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    /// The node: id, name, epoch, endpoints, uptime, port, progress mode.
+    Status,
+    /// Every peer with its state, epoch, silence and main counters.
+    Peers,
+    /// Every peer's protocol counters and the link's counters.
+    Stats,
+    /// Echo messages of each size off each peer that is up (or `peer`) and
+    /// check every byte that comes back.
+    Check {
+        /// Message sizes in bytes (default [`DEFAULT_CHECK_SIZES`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sizes: Option<Vec<u64>>,
+        /// Only this node (all its endpoints), by id or name.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer: Option<PeerRef>,
+    },
+    /// Drain and stop, as on SIGTERM.
+    Shutdown,
+}
+
+/// The sizes `check` sends when not told: one eager message and one that
+/// goes by rendezvous (with the default eager threshold of 32 KiB).
+pub const DEFAULT_CHECK_SIZES: [u64; 2] = [1000, 1 << 20];
+
+/// A node, by id or by name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PeerRef {
+    /// By node id.
+    Id(u16),
+    /// By node name (a string of digits is taken as an id).
+    Name(String),
+}
+
+impl PeerRef {
+    /// Parses a command-line value: digits are an id, anything else a name.
+    pub fn parse(s: &str) -> PeerRef {
+        match s.parse() {
+            Ok(id) => PeerRef::Id(id),
+            Err(_) => PeerRef::Name(s.to_owned()),
+        }
+    }
+
+    /// Whether it names the node with this id and name.
+    pub fn names(&self, id: u16, name: Option<&str>) -> bool {
+        match self {
+            PeerRef::Id(i) => *i == id,
+            PeerRef::Name(n) => Some(n.as_str()) == name || n.parse() == Ok(id),
+        }
+    }
+}
+
+impl std::fmt::Display for PeerRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerRef::Id(i) => write!(f, "node id {i}"),
+            PeerRef::Name(n) => write!(f, "node {n:?}"),
+        }
+    }
+}
+
+/// The reply to `status`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// Node id.
+    pub node: u16,
+    /// Node name.
+    pub name: String,
+    /// Cluster id.
+    pub cluster: u16,
+    /// This start's session epoch (peers see a restart as a new one).
+    pub epoch: u32,
+    /// The node's endpoints.
+    pub endpoints: Vec<u8>,
+    /// Seconds since the node came up.
+    pub uptime_s: f64,
+    /// emxd's process id.
+    pub pid: u32,
+    /// The port.
+    pub link: LinkInfo,
+    /// `inline` (emxd's main loop drives the engine) or `thread` (a polling
+    /// thread does).
+    pub progress: String,
+    /// The polling thread's core, in thread mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core: Option<usize>,
+    /// The largest message the responder takes whole, in bytes.
+    pub max_message: u64,
+    /// The responder's counters, summed over the endpoints.
+    pub responder: ResponderCounters,
+    /// The cluster file emxd was started with.
+    pub config: String,
+}
+
+/// The node's port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkInfo {
+    /// Device name (`net_memif0`, `0000:03:00.0`).
+    pub name: String,
+    /// The devargs it was opened with (the cluster file's `port`).
+    pub devargs: String,
+    /// Its MAC address.
+    pub mac: String,
+    /// MTU in force.
+    pub mtu: u16,
+    /// Link up now.
+    pub up: bool,
+    /// Speed in Mbit/s (0: unknown).
+    pub speed_mbps: u32,
+}
+
+/// What the built-in responder did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponderCounters {
+    /// ECHO messages sent back.
+    pub echoed: u64,
+    /// Bytes of them.
+    pub echoed_bytes: u64,
+    /// SINK messages received.
+    pub sunk: u64,
+    /// Bytes of them.
+    pub sunk_bytes: u64,
+    /// PING messages answered.
+    pub pongs: u64,
+    /// Messages longer than the limit, truncated to it.
+    pub truncated: u64,
+    /// Messages with an op the responder does not serve, discarded.
+    pub discarded: u64,
+    /// Answers to checks that no check waited for any more, dropped.
+    pub stray: u64,
+    /// Requests of the responder that failed (peer unreachable or restarted).
+    pub failed: u64,
+}
+
+impl std::ops::AddAssign for ResponderCounters {
+    fn add_assign(&mut self, o: ResponderCounters) {
+        self.echoed += o.echoed;
+        self.echoed_bytes += o.echoed_bytes;
+        self.sunk += o.sunk;
+        self.sunk_bytes += o.sunk_bytes;
+        self.pongs += o.pongs;
+        self.truncated += o.truncated;
+        self.discarded += o.discarded;
+        self.stray += o.stray;
+        self.failed += o.failed;
+    }
+}
+
+/// A peer's state as emxd reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerState {
+    /// In session: its epoch is known and it answers.
+    Up,
+    /// Declared unreachable (silent past the liveness deadline); up again
+    /// when it comes back with a new epoch.
+    Down,
+    /// Its MAC is `auto` in the cluster file and not learnt yet.
+    Unresolved,
+    /// Not heard from yet (the handshake is under way).
+    Unknown,
+}
+
+impl PeerState {
+    /// The name as the protocol spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerState::Up => "up",
+            PeerState::Down => "down",
+            PeerState::Unresolved => "unresolved",
+            PeerState::Unknown => "unknown",
+        }
+    }
+}
+
+/// The reply to `peers`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Peers {
+    /// One entry per remote endpoint per local endpoint.
+    pub peers: Vec<PeerEntry>,
+}
+
+/// One remote endpoint as one local endpoint sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerEntry {
+    /// The local endpoint whose view this is.
+    pub local: u8,
+    /// The peer's node id.
+    pub node: u16,
+    /// The peer's node name in the cluster file.
+    pub name: Option<String>,
+    /// The peer's endpoint.
+    pub endpoint: u8,
+    /// Its MAC address, or `auto` when not known.
+    pub mac: String,
+    /// Its state.
+    pub state: PeerState,
+    /// Its session epoch, once known.
+    pub epoch: Option<u32>,
+    /// Milliseconds since a frame of it was last accepted (`None`: never).
+    pub silent_ms: Option<f64>,
+    /// Frames sent to it.
+    pub frames_sent: u64,
+    /// Frames received from it.
+    pub frames_received: u64,
+    /// Bytes sent to it (headers included).
+    pub bytes_sent: u64,
+    /// Bytes received from it (headers included).
+    pub bytes_received: u64,
+    /// Frames sent to it again.
+    pub retransmits: u64,
+}
+
+/// The reply to `stats`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// One entry per local endpoint.
+    pub endpoints: Vec<EndpointStats>,
+}
+
+/// One local endpoint's counters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndpointStats {
+    /// The endpoint.
+    pub endpoint: u8,
+    /// The link's counters (shared by every endpoint of the node).
+    pub link: LinkStats,
+    /// Its responder's counters.
+    pub responder: ResponderCounters,
+    /// Each peer's protocol counters.
+    pub peers: Vec<PeerStatsEntry>,
+}
+
+/// The link's counters (the engine's `IoStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStats {
+    /// Frames received.
+    pub rx_frames: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Frames the link took for transmission.
+    pub tx_frames: u64,
+    /// Bytes the link took for transmission.
+    pub tx_bytes: u64,
+    /// Transmit attempts that found the link full.
+    pub tx_full: u64,
+    /// Payload bytes copied into frames.
+    pub payload_copied: u64,
+    /// Payload bytes attached from registered memory without a copy.
+    pub payload_attached: u64,
+}
+
+/// One peer's protocol counters (the engine's `PeerStats`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatsEntry {
+    /// The peer's node id.
+    pub node: u16,
+    /// The peer's endpoint.
+    pub endpoint: u8,
+    /// Frames sent (retransmissions and pure acks included).
+    pub frames_sent: u64,
+    /// Bytes sent (headers included).
+    pub bytes_sent: u64,
+    /// Frames received and accepted.
+    pub frames_received: u64,
+    /// Bytes received in accepted frames.
+    pub bytes_received: u64,
+    /// Reliable frames sent again.
+    pub retransmits: u64,
+    /// Of those, after a timeout.
+    pub timeouts: u64,
+    /// Reliable frames received twice.
+    pub duplicates: u64,
+    /// Pure acks sent.
+    pub acks_sent: u64,
+    /// Pure acks received.
+    pub acks_received: u64,
+    /// Times a message waited for the peer's credits.
+    pub credit_stalls: u64,
+    /// Times the send window filled up.
+    pub window_stalls: u64,
+    /// Keepalive probes sent.
+    pub keepalives_sent: u64,
+    /// Handshake frames sent.
+    pub hellos_sent: u64,
+    /// Frames from it dropped, all reasons.
+    pub dropped: u64,
+    /// Frames from it dropped, by reason (only reasons that occurred).
+    pub dropped_by_reason: std::collections::BTreeMap<String, u64>,
+}
+
+/// The reply to `check`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckReport {
+    /// One entry per peer endpoint and size, in the order they ran.
+    pub results: Vec<CheckResult>,
+    /// Results that passed.
+    pub passed: usize,
+    /// Results that failed.
+    pub failed: usize,
+}
+
+/// One message echoed off one peer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckResult {
+    /// The peer's node id.
+    pub node: u16,
+    /// The peer's node name.
+    pub name: Option<String>,
+    /// The peer's endpoint.
+    pub endpoint: u8,
+    /// Message size in bytes.
+    pub size: u64,
+    /// The echo came back whole and byte-exact.
+    pub ok: bool,
+    /// Send to echo received, in microseconds (when it came back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_us: Option<f64>,
+    /// What went wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A reply as it is sent: `{"ok":true, ...body}` or `{"ok":false,"error":..}`.
+pub fn reply_ok<T: Serialize>(body: &T) -> String {
+    let mut v = serde_json::to_value(body).unwrap_or_else(|_| serde_json::json!({}));
+    if let Some(o) = v.as_object_mut() {
+        o.insert("ok".into(), true.into());
+    }
+    v.to_string()
+}
+
+/// A failed reply, with the body's fields beside the error when there is
+/// one (a check that ran and failed).
+pub fn reply_err<T: Serialize>(error: &str, body: Option<&T>) -> String {
+    let mut v = body
+        .and_then(|b| serde_json::to_value(b).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    if let Some(o) = v.as_object_mut() {
+        o.insert("ok".into(), false.into());
+        o.insert("error".into(), error.into());
+    }
+    v.to_string()
+}
+
+/// Why a control request got no reply.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing listens at the path.
+    #[error(
+        "no emxd at {path}: {reason}; is emxd running? start it with \
+         emxd --config FILE --node NAME (or pass --control PATH)"
+    )]
+    NotRunning {
+        /// The socket path.
+        path: String,
+        /// What connecting said.
+        reason: String,
+    },
+    /// The connection failed midway.
+    #[error("{path}: {source}")]
+    Io {
+        /// The socket path.
+        path: String,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The reply is not a JSON object with `ok`.
+    #[error("{path}: emxd sent a reply that is not JSON: {reply:?}")]
+    BadReply {
+        /// The socket path.
+        path: String,
+        /// What came.
+        reply: String,
+    },
+}
+
+/// Sends one request to the emxd at `path` and returns its reply, or fails
+/// after `timeout` without one.
+pub fn request(
+    path: &Path,
+    req: &Request,
+    timeout: Duration,
+) -> Result<serde_json::Value, ClientError> {
+    let shown = path.display().to_string();
+    let io = |source| ClientError::Io {
+        path: shown.clone(),
+        source,
+    };
+    let stream = UnixStream::connect(path).map_err(|e| ClientError::NotRunning {
+        path: shown.clone(),
+        reason: e.to_string(),
+    })?;
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    let mut line = serde_json::to_string(req).expect("a request serializes");
+    line.push('\n');
+    (&stream).write_all(line.as_bytes()).map_err(io)?;
+    let mut reply = String::new();
+    BufReader::new(&stream).read_line(&mut reply).map_err(io)?;
+    if reply.is_empty() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "emxd closed the connection without a reply",
+        )));
+    }
+    match serde_json::from_str::<serde_json::Value>(&reply) {
+        Ok(v) if v.get("ok").is_some_and(serde_json::Value::is_boolean) => Ok(v),
+        _ => Err(ClientError::BadReply {
+            path: shown,
+            reply: reply.trim_end().to_owned(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_in_json() {
+        let r: Request = serde_json::from_str(r#"{"cmd":"status"}"#).unwrap();
+        assert_eq!(r, Request::Status);
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"check","sizes":[1,2],"peer":"b"}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Check {
+                sizes: Some(vec![1, 2]),
+                peer: Some(PeerRef::Name("b".into()))
+            }
+        );
+        let r: Request = serde_json::from_str(r#"{"cmd":"check","peer":2}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Check {
+                sizes: None,
+                peer: Some(PeerRef::Id(2))
+            }
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"nope"}"#).is_err());
+        assert_eq!(
+            serde_json::to_string(&Request::Shutdown).unwrap(),
+            r#"{"cmd":"shutdown"}"#
+        );
+    }
+
+    #[test]
+    fn replies() {
+        let v: serde_json::Value =
+            serde_json::from_str(&reply_ok(&Peers { peers: vec![] })).unwrap();
+        assert_eq!(v["ok"], true);
+        assert!(v["peers"].is_array());
+        let v: serde_json::Value = serde_json::from_str(&reply_err::<Peers>("boom", None)).unwrap();
+        assert_eq!(
+            (v["ok"].clone(), v["error"].clone()),
+            (false.into(), "boom".into())
+        );
+    }
+
+    #[test]
+    fn peer_refs() {
+        assert_eq!(PeerRef::parse("12"), PeerRef::Id(12));
+        assert!(PeerRef::parse("b").names(2, Some("b")));
+        assert!(!PeerRef::parse("b").names(2, Some("c")));
+        assert!(PeerRef::Name("2".into()).names(2, None));
+    }
+}

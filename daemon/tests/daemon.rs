@@ -1,0 +1,620 @@
+//! emxd and emxctl as their users run them: bad configurations refused with
+//! a message that names the file and field, and two daemons over a memif
+//! pair (inline progress) that see each other, echo byte-exact both ways,
+//! drain on SIGTERM, notice a stopped peer within the liveness deadline and
+//! a restarted one with its new epoch.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use emx_config::{ClusterConfig, Mac};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+const EMXD: &str = env!("CARGO_BIN_EXE_emxd");
+const EMXCTL: &str = env!("CARGO_BIN_EXE_emxctl");
+const EXAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../config/examples/memif-pair.toml"
+);
+
+/// The liveness deadline the test cluster file sets, and its keepalive.
+const PEER_TIMEOUT: Duration = Duration::from_millis(300);
+const KEEPALIVE_US: u64 = 50_000;
+
+/// A directory of its own for one test, removed at the end.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("emxd-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// emxd with `args`, in an environment that says nothing about which node
+/// it is.
+fn emxd(args: &[&str]) -> Output {
+    let mut c = Command::new(EMXD);
+    c.args(args);
+    for v in emx_config::RANK_VARIABLES
+        .iter()
+        .chain(&[emx_config::NODE_VARIABLE, "EMX_CONFIG"])
+    {
+        c.env_remove(v);
+    }
+    c.output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_missing_file_is_a_configuration_error() {
+    let dir = TempDir::new("missing");
+    let file = dir.path("nope.toml");
+    let o = emxd(&["--config", file.to_str().unwrap(), "--node", "server"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "emxd: {}: cannot read the cluster file",
+            file.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_broken_file_names_its_line_and_field() {
+    let dir = TempDir::new("broken");
+    let file = dir.path("broken.toml");
+    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    // The second node's MAC, broken.
+    let at = text.rfind("mac = \"auto\"").unwrap();
+    let text = format!("{}mac = \"02:00:zz\"{}", &text[..at], &text[at + 12..]);
+    let line = text[..at].lines().count() + 1;
+    std::fs::write(&file, &text).unwrap();
+    let o = emxd(&["--config", file.to_str().unwrap(), "--node", "server"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let want = format!(
+        "emxd: {}:{line}: node[1].mac: bad MAC address",
+        file.display()
+    );
+    assert!(err.starts_with(&want), "want {want:?}, got {err:?}");
+}
+
+#[test]
+fn an_unknown_node_or_core_is_a_configuration_error() {
+    let o = emxd(&["--config", EXAMPLE, "--node", "nosuch"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("memif-pair.toml"), "{err}");
+    assert!(
+        err.contains("node \"nosuch\" (from --node) is not in the file"),
+        "{err}"
+    );
+    assert!(err.contains("server (id 1), client (id 2)"), "{err}");
+
+    // No flag and no variable: which node is meant cannot be told.
+    let o = emxd(&["--config", EXAMPLE]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("cannot tell which node"),
+        "{}",
+        stderr(&o)
+    );
+
+    // A polling core this machine does not have.
+    let dir = TempDir::new("cores");
+    let file = dir.path("cores.toml");
+    let text = std::fs::read_to_string(EXAMPLE).unwrap().replacen(
+        "endpoints = [0]",
+        "endpoints = [0]\ncores = [4096]",
+        1,
+    );
+    std::fs::write(&file, text).unwrap();
+    let o = emxd(&["--config", file.to_str().unwrap(), "--node", "1"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("node[0].cores[0]: core 4096 is out of range"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_port_that_cannot_be_opened_exits_1() {
+    let dir = TempDir::new("noport");
+    let file = dir.path("noport.toml");
+    let text = std::fs::read_to_string(EXAMPLE)
+        .unwrap()
+        .replace(
+            "net_memif0,role=server,id=0,socket=/tmp/emx-memif.sock",
+            "net_nosuchdriver0",
+        )
+        .replacen(
+            "endpoints = [0]",
+            &format!(
+                "endpoints = [0]\neal_args = [\"--file-prefix=emxd-noport-{}\"]",
+                std::process::id()
+            ),
+            1,
+        );
+    std::fs::write(&file, text).unwrap();
+    let control = dir.path("s.sock");
+    let o = emxd(&[
+        "--config",
+        file.to_str().unwrap(),
+        "--node",
+        "server",
+        "--control",
+        control.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("emxd: cannot start node \"server\" on port net_nosuchdriver0"),
+        "{err}"
+    );
+    assert!(!control.exists(), "the control socket is removed");
+}
+
+#[test]
+fn emxctl_without_emxd_says_how_to_start_it() {
+    let dir = TempDir::new("noctl");
+    let sock = dir.path("none.sock");
+    let o = Command::new(EMXCTL)
+        .args(["--control", sock.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("is emxd running?"), "{err}");
+    assert!(err.contains("emxd --config"), "{err}");
+}
+
+/// The example memif pair made private to this test: its own socket (a
+/// file, not an abstract one, so that the test can see the server is up),
+/// an EAL file prefix per node, a short liveness deadline, and with `macs`
+/// the ports' MACs given (in the file and to memif) instead of `auto`.
+fn cluster_file(dir: &TempDir, macs: bool) -> PathBuf {
+    let sock = dir.path("memif.sock");
+    let tag = std::process::id();
+    let mut text = std::fs::read_to_string(EXAMPLE).unwrap();
+    for (role, mac, n) in [
+        ("server", "02:e4:00:00:00:01", 1),
+        ("client", "02:e4:00:00:00:02", 2),
+    ] {
+        let mut port = format!(
+            "role={role},id=0,socket={},socket-abstract=no",
+            sock.display()
+        );
+        if macs {
+            text = text.replacen("mac = \"auto\"", &format!("mac = \"{mac}\""), 1);
+            port.push_str(&format!(",mac={mac}"));
+        }
+        text = text.replace(
+            &format!("role={role},id=0,socket=/tmp/emx-memif.sock"),
+            &port,
+        );
+        // The first `endpoints = [0]` not followed by eal_args yet.
+        let at = text
+            .match_indices("endpoints = [0]\n")
+            .nth(n - 1)
+            .expect("two nodes")
+            .0;
+        let end = at + "endpoints = [0]\n".len();
+        text.insert_str(
+            end,
+            &format!("eal_args = [\"--file-prefix=emxd-test-{tag}-{role}\"]\n"),
+        );
+    }
+    text = text
+        .replace(
+            "peer_timeout_us = 200000",
+            &format!("peer_timeout_us = {}", PEER_TIMEOUT.as_micros()),
+        )
+        .replace(
+            "keepalive_us = 10000",
+            &format!("keepalive_us = {KEEPALIVE_US}"),
+        );
+    let path = dir.path("cluster.toml");
+    std::fs::write(&path, &text).unwrap();
+    // What the test relies on.
+    let c = ClusterConfig::parse(&text, path.display().to_string()).unwrap();
+    assert_eq!(c.memory().hugepages, emx::runtime::Hugepages::Never);
+    assert_eq!(
+        c.protocol().peer_timeout_us,
+        Some(PEER_TIMEOUT.as_micros() as u64)
+    );
+    for n in c.nodes() {
+        assert_eq!(matches!(n.mac, Mac::Addr(_)), macs, "{n:?}");
+        assert!(n.port.contains(sock.to_str().unwrap()), "{n:?}");
+        assert_eq!(n.eal_args.len(), 1, "{n:?}");
+        assert!(n.cores.is_empty(), "inline progress: {n:?}");
+    }
+    path
+}
+
+/// One emxd, its log in a file; killed if the test ends with it running.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+    control: PathBuf,
+}
+
+impl Daemon {
+    fn start(config: &Path, node: &str, dir: &TempDir, log: &str) -> Daemon {
+        let log = dir.path(log);
+        let control = dir.path(&format!("{node}.sock"));
+        let child = Command::new(EMXD)
+            .args([
+                "--config",
+                config.to_str().unwrap(),
+                "--node",
+                node,
+                "--control",
+                control.to_str().unwrap(),
+            ])
+            .env_remove("EMX_NODE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon {
+            child,
+            log,
+            control,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(EMXCTL)
+            .arg("--control")
+            .arg(&self.control)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// `emxctl <args> --json`, parsed.
+    fn json(&self, args: &[&str]) -> Value {
+        let o = self.ctl(&[args, &["--json"]].concat());
+        let out = String::from_utf8_lossy(&o.stdout);
+        serde_json::from_str(&out).unwrap_or_else(|_| {
+            panic!(
+                "emxctl {args:?}: {out:?} {}\nlog:\n{}",
+                stderr(&o),
+                self.log()
+            )
+        })
+    }
+
+    /// The state and epoch of `node` as this daemon reports it.
+    fn peer(&self, node: u64) -> Option<(String, Option<u64>)> {
+        let v = self.json(&["peers"]);
+        v["peers"].as_array()?.iter().find_map(|p| {
+            (p["node"] == node)
+                .then(|| (p["state"].as_str().unwrap().to_owned(), p["epoch"].as_u64()))
+        })
+    }
+
+    fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                t.elapsed() < limit,
+                "emxd still running after {limit:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Polls `f` until it gives a value, or fails after `limit` saying `what`.
+fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn check_passes(from: &Daemon, sizes: &str, want: usize) {
+    let v = from.json(&["check", "--sizes", sizes]);
+    assert_eq!(v["ok"], true, "check failed: {v}\nlog:\n{}", from.log());
+    assert_eq!(v["passed"], want as u64, "{v}");
+    assert_eq!(v["failed"], 0, "{v}");
+}
+
+#[test]
+fn two_daemons_over_memif() {
+    let dir = TempDir::new("pair");
+    let config = cluster_file(&dir, true);
+    let begun = Instant::now();
+
+    // The memif server first: a client cannot start before its socket.
+    let a = Daemon::start(&config, "server", &dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let mut b = Daemon::start(&config, "client", &dir, "client.log");
+
+    // Each sees the other up.
+    let up = |d: &Daemon, node| {
+        wait_for(Duration::from_secs(15), "peer up", || {
+            d.peer(node)
+                .filter(|(s, e)| s == "up" && e.is_some())
+                .map(|(_, e)| e.unwrap())
+        })
+    };
+    let b_epoch = up(&a, 2);
+    up(&b, 1);
+    let status = b.json(&["status"]);
+    assert_eq!(status["ok"], true, "{status}");
+    assert_eq!(status["name"], "client");
+    assert_eq!(status["node"], 2);
+    assert_eq!(status["epoch"], b_epoch, "A knows B by the epoch B reports");
+    assert_eq!(status["progress"], "inline");
+    assert_eq!(status["link"]["up"], true);
+    assert_eq!(status["link"]["mac"], "02:e4:00:00:00:02");
+    let max = status["max_message"].as_u64().unwrap();
+    assert_eq!(max, 8 << 20, "region_mb = 32: four 8 MiB echo slots");
+
+    // The readable table.
+    let o = a.ctl(&["peers"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out} {}", stderr(&o));
+    let row = out.lines().find(|l| l.contains("client")).expect(&out);
+    assert!(row.split_whitespace().any(|w| w == "up"), "{out}");
+
+    // Byte-exact echoes both ways, eager (up to 32 KiB) and rendezvous.
+    let sizes = "0,1,1000,32768,32769,1M,4M,8M";
+    check_passes(&a, sizes, 8);
+    check_passes(&b, sizes, 8);
+    let o = b.ctl(&["check"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("2 of 2 messages came back byte-exact"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // Too large for the responder, and a peer that does not exist: failures
+    // that say why.
+    let v = a.json(&["check", "--sizes", "9M"]);
+    assert_eq!(v["ok"], false);
+    assert!(
+        v["results"][0]["error"].as_str().unwrap().contains("limit"),
+        "{v}"
+    );
+    let o = a.ctl(&["check", "--peer", "nosuch"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("not a peer of this node"),
+        "{}",
+        stderr(&o)
+    );
+    // The responder's counters: B echoed A's check, and the other way.
+    let stats = b.json(&["stats"]);
+    assert!(
+        stats["endpoints"][0]["responder"]["echoed"]
+            .as_u64()
+            .unwrap()
+            >= 8,
+        "{stats}"
+    );
+    assert!(
+        stats["endpoints"][0]["link"]["rx_bytes"].as_u64().unwrap() > 16 << 20,
+        "{stats}"
+    );
+    // A request that is not one.
+    let mut s = UnixStream::connect(&a.control).unwrap();
+    s.write_all(b"{\"cmd\":\"bogus\"}\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["ok"], false);
+    assert!(v["error"].as_str().unwrap().contains("bad request"), "{v}");
+
+    // SIGTERM to B while it runs a long check against A: B answers the
+    // check "interrupted", drains, logs what it drained and aborted, and
+    // exits 0.
+    let many = vec!["4M"; 100].join(",");
+    let check = Command::new(EMXCTL)
+        .arg("--control")
+        .arg(&b.control)
+        .args(["check", "--sizes", &many])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(10), "the long check to start", || {
+        b.log().contains("sizes=100").then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    b.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    let status = b.wait(Duration::from_secs(8));
+    let exited = Instant::now();
+    assert!(status.success(), "emxd exited {status}; log:\n{}", b.log());
+    let took = exited - sent;
+    assert!(took < Duration::from_secs(5), "emxd took {took:?} to stop");
+    let log = b.log();
+    let closed = log
+        .lines()
+        .find(|l| l.contains("endpoint closed"))
+        .unwrap_or_else(|| panic!("no drain report in the log:\n{log}"));
+    assert!(
+        closed.contains("drained=") && closed.contains("aborted="),
+        "{closed}"
+    );
+    assert!(log.contains("emxd stopped"), "{log}");
+    eprintln!("B stopped in {took:?}: {closed}");
+    let o = check.wait_with_output().unwrap();
+    assert!(!o.status.success(), "the check was cut short");
+    assert!(stderr(&o).contains("shutting down"), "{}", stderr(&o));
+    assert!(!b.control.exists(), "the control socket is removed");
+
+    // A reports B down within the liveness deadline.
+    let down = wait_for(Duration::from_secs(3), "B reported down", || {
+        a.peer(2)
+            .filter(|(s, _)| s == "down")
+            .map(|_| Instant::now())
+    });
+    let late = down.saturating_duration_since(exited);
+    assert!(
+        late < PEER_TIMEOUT + Duration::from_millis(700),
+        "B was reported down {late:?} after it exited"
+    );
+    // Logged by the peer scan, a moment after `peers` shows it.
+    let line = wait_for(Duration::from_secs(1), "'peer down' in A's log", || {
+        a.log()
+            .lines()
+            .find(|l| l.contains("peer down"))
+            .map(str::to_owned)
+    });
+    let silent: f64 = line
+        .split("silent_ms=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        silent >= PEER_TIMEOUT.as_millis() as f64
+            && silent < PEER_TIMEOUT.as_millis() as f64 + 300.0,
+        "declared down after {silent} ms of silence: {line}"
+    );
+    eprintln!("A saw B down {late:?} after B exited: {line}");
+
+    // B again: A reports it up with a new epoch, and echoes work again.
+    let mut b = Daemon::start(&config, "client", &dir, "client2.log");
+    let epoch = wait_for(Duration::from_secs(15), "B up again", || {
+        a.peer(2)
+            .filter(|(s, e)| s == "up" && e.is_some_and(|e| e != b_epoch))
+            .map(|(_, e)| e.unwrap())
+    });
+    assert_ne!(epoch, b_epoch);
+    wait_for(Duration::from_secs(2), "the log of B's return", || {
+        a.log()
+            .contains("peer up again with a new epoch")
+            .then_some(())
+    });
+    up(&b, 1);
+    check_passes(&a, "1000,1M", 2);
+    check_passes(&b, "1000,1M", 2);
+
+    // Stopped by request and by SIGINT: both exit 0 and remove their socket.
+    let o = b.ctl(&["shutdown"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(b.wait(Duration::from_secs(8)).success(), "{}", b.log());
+    let mut a = a;
+    a.signal(Signal::SIGINT);
+    assert!(a.wait(Duration::from_secs(8)).success(), "{}", a.log());
+    assert!(!a.control.exists());
+    eprintln!("two daemons: {:?}", begun.elapsed());
+}
+
+/// The example as it is, MACs `auto`: each daemon reports the other
+/// unresolved or unknown until the engine learns its address, then up, and
+/// echoes are byte-exact both ways.
+#[test]
+fn two_daemons_with_learnt_macs() {
+    let dir = TempDir::new("auto");
+    let config = cluster_file(&dir, false);
+    let a = Daemon::start(&config, "server", &dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let b = Daemon::start(&config, "client", &dir, "client.log");
+    for (d, other, of) in [(&a, 2, &b), (&b, 1, &a)] {
+        let mac = wait_for(Duration::from_secs(15), "peer up", || {
+            let v = d.json(&["peers"]);
+            let p = v["peers"]
+                .as_array()?
+                .iter()
+                .find(|p| p["node"] == other)?
+                .clone();
+            (p["state"] == "up").then(|| p["mac"].as_str().unwrap().to_owned())
+        });
+        assert_eq!(Some(mac), port_mac(of), "learnt");
+    }
+    check_passes(&a, "1000,1M", 2);
+    check_passes(&b, "1000,1M", 2);
+
+    // B stops and comes back (its port's MAC may change): A learns it
+    // again.
+    let old = a.peer(2).unwrap().1.unwrap();
+    let mut b = b;
+    b.signal(Signal::SIGTERM);
+    assert!(b.wait(Duration::from_secs(8)).success(), "{}", b.log());
+    wait_for(Duration::from_secs(3), "B reported down", || {
+        a.peer(2).filter(|(s, _)| s == "down")
+    });
+    let b = Daemon::start(&config, "client", &dir, "client2.log");
+    wait_for(Duration::from_secs(15), "B up again", || {
+        a.peer(2)
+            .filter(|(s, e)| s == "up" && e.is_some_and(|e| e != old))
+    });
+    let learnt = a.json(&["peers"])["peers"][0]["mac"]
+        .as_str()
+        .map(str::to_owned);
+    assert_eq!(learnt, port_mac(&b));
+    check_passes(&a, "1000,1M", 2);
+    for mut d in [a, b] {
+        d.signal(Signal::SIGTERM);
+        assert!(d.wait(Duration::from_secs(8)).success(), "{}", d.log());
+    }
+}
+
+/// The MAC of a daemon's port, from its status.
+fn port_mac(d: &Daemon) -> Option<String> {
+    d.json(&["status"])["link"]["mac"]
+        .as_str()
+        .map(str::to_owned)
+}
