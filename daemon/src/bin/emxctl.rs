@@ -56,6 +56,26 @@ enum Cmd {
     },
     /// Stop emxd: it drains what is in flight and exits.
     Shutdown,
+    /// Wait until peers are in a state, for scripts: every peer (or those of
+    /// --peer) up, or down. Prints how long it took; exits 1 at the deadline.
+    Wait {
+        /// The state to wait for.
+        #[arg(long, value_enum, default_value_t = Want::Up)]
+        state: Want,
+        /// Only this node's endpoints, by name or id.
+        #[arg(long, value_name = "NAME|ID")]
+        peer: Option<String>,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 30.0)]
+        within: f64,
+    },
+}
+
+/// A peer state to wait for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Want {
+    Up,
+    Down,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -124,9 +144,72 @@ fn socket(args: &Args) -> Result<PathBuf, String> {
     }
 }
 
+/// `emxctl wait`: polls `peers` until the chosen ones are all in `want`.
+fn wait(
+    path: &std::path::Path,
+    want: Want,
+    peer: Option<&str>,
+    within: f64,
+) -> Result<ExitCode, String> {
+    let t = std::time::Instant::now();
+    let chosen = |e: &control::PeerEntry| {
+        peer.is_none_or(|p| e.node.to_string() == p || e.name.as_deref() == Some(p))
+    };
+    loop {
+        let reply = control::request(path, &Request::Peers, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let peers: Peers = serde_json::from_value(reply)
+            .map_err(|_| "emxd's reply to peers is not what emxctl expects".to_owned())?;
+        let mine: Vec<&control::PeerEntry> = peers.peers.iter().filter(|e| chosen(e)).collect();
+        if mine.is_empty() {
+            return Err(format!("no peer {}", peer.unwrap_or("at all")));
+        }
+        let target = match want {
+            Want::Up => control::PeerState::Up,
+            Want::Down => control::PeerState::Down,
+        };
+        if mine.iter().all(|e| e.state == target) {
+            println!(
+                "{} {} after {:.3} s",
+                peer.map_or("every peer".to_owned(), |p| format!("peer {p}")),
+                target.as_str(),
+                t.elapsed().as_secs_f64()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        if t.elapsed().as_secs_f64() > within {
+            let states: Vec<String> = mine
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}: {}",
+                        e.name.clone().unwrap_or(e.node.to_string()),
+                        e.state.as_str()
+                    )
+                })
+                .collect();
+            return Err(format!(
+                "not all {} within {within} s: {}",
+                target.as_str(),
+                states.join(", ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn run(args: &Args) -> Result<ExitCode, String> {
     let path = socket(args)?;
+    if let Cmd::Wait {
+        state,
+        peer,
+        within,
+    } = &args.cmd
+    {
+        return wait(&path, *state, peer.as_deref(), *within);
+    }
     let req = match &args.cmd {
+        Cmd::Wait { .. } => unreachable!("handled above"),
         Cmd::Status => Request::Status,
         Cmd::Peers => Request::Peers,
         Cmd::Stats => Request::Stats,
