@@ -60,7 +60,7 @@
 //! [[node]]
 //! id = 2
 //! name = "beta"
-//! mac = "auto"                    # learnt at run time, so not a peer from the file
+//! mac = "auto"                    # learnt at run time from its frames
 //! port = "net_memif0,role=client,socket=/tmp/emx-memif.sock"
 //! "#;
 //! let cluster = ClusterConfig::parse(text, "cluster.toml")?;
@@ -78,7 +78,8 @@
 //! // Node alpha's: a polling thread on core 1; beta's MAC is learnt at run time.
 //! let alpha = cluster.node_config(1)?;
 //! assert_eq!(alpha.engine.progress, ProgressMode::Thread { core: Some(1), spin: false });
-//! assert!(alpha.engine.peers.is_empty());
+//! assert_eq!(alpha.engine.peers.len(), 1);
+//! assert_eq!(alpha.engine.peers[0].mac, emx::runtime::AUTO_MAC);
 //! # Ok::<(), emx_config::ConfigError>(())
 //! ```
 //!
