@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the emx node image (tag emx-node:latest, and emx-node:<content hash>)
-# FROM scratch: emxd and emxctl linked statically against DPDK, and the shared
-# libraries ldd lists for them (glibc, libnuma, libm, libgcc_s). No registry
-# is needed. The image is cached: when the binaries and libraries hash the
+# FROM scratch: emxd and emxctl linked statically against DPDK, the
+# entrypoint's few tools from this machine (sh, ip, sleep), and the shared
+# libraries ldd lists for all of them (glibc, libnuma, libbpf, ...). No
+# registry is needed. The image is cached: when the binaries and libraries hash the
 # same as an existing image, nothing is rebuilt.
 #
 # Takes about 2 minutes the first time on 2 cores (the static build compiles
@@ -21,8 +22,15 @@ mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/etc/emx" "$ctx/rootfs/run/emx"
     "$ctx/rootfs/tmp" "$ctx/rootfs/var/run"
 chmod 1777 "$ctx/rootfs/tmp"
 cp target/static/release/emxd target/static/release/emxctl "$ctx/rootfs/usr/local/bin/"
+cp docker/entrypoint.sh "$ctx/rootfs/usr/local/bin/emx-entrypoint"
+# The entrypoint's tools, from this machine: a shell, ip (iproute2), sleep.
+mkdir -p "$ctx/rootfs/bin" "$ctx/rootfs/sbin"
+cp -L "$(command -v dash)" "$ctx/rootfs/bin/sh"
+cp -L "$(command -v ip)" "$ctx/rootfs/sbin/ip"
+cp -L "$(command -v sleep)" "$ctx/rootfs/bin/sleep"
 # The libraries the binaries load, at the paths the loader looks for them.
-for lib in $(ldd "$ctx"/rootfs/usr/local/bin/* | awk '/=>/ { print $3 } /^[[:space:]]*\// { print $1 }' | sort -u); do
+for lib in $(ldd "$ctx"/rootfs/usr/local/bin/emx[dc]* "$ctx"/rootfs/bin/* "$ctx"/rootfs/sbin/* \
+        | awk '/=>/ { print $3 } /^[[:space:]]*\// { print $1 }' | sort -u); do
     mkdir -p "$ctx/rootfs$(dirname "$lib")"
     cp -L "$lib" "$ctx/rootfs$lib"
 done

@@ -29,6 +29,17 @@ fi
 
 bash docker/build-image.sh
 
+# Each node's DPDK port: a tap device, which the image's entrypoint bridges
+# to the container's eth0, or eth0 itself through an af_packet socket
+# (EMX_DOCKER_PORT=af_packet).
+case "${EMX_DOCKER_PORT:-tap}" in
+    tap) PORT="net_tap0,iface=emxtap" ;;
+    af_packet) PORT="net_af_packet0,iface=eth0,qpairs=1" ;;
+    *) echo "docker testbed: EMX_DOCKER_PORT is tap or af_packet" >&2; exit 1 ;;
+esac
+
+TAP=""
+[ "${EMX_DOCKER_PORT:-tap}" = tap ] && TAP=emxtap
 PROJECT="emxtb$$"
 WORK=$(mktemp -d /tmp/emx-docker.XXXXXX)
 DEADLINE_MS=1000
@@ -41,7 +52,7 @@ cleanup() {
         say "FAILED; container logs:"
         compose logs --tail 20 2>/dev/null || true
     fi
-    compose down --volumes --timeout 5 >/dev/null 2>&1 || true
+    [ -n "${EMX_KEEP:-}" ] || compose down --volumes --timeout 5 >/dev/null 2>&1 || true
     rm -rf "$WORK"
     exit "$rc"
 }
@@ -70,7 +81,7 @@ level = "info"
 format = "json"
 TOML
     for i in $(seq 1 "$N"); do
-        printf '\n[[node]]\nid = %d\nname = "n%d"\nmac = "auto"\nport = "net_af_packet0,iface=eth0,qpairs=1"\n' "$i" "$i"
+        printf '\n[[node]]\nid = %d\nname = "n%d"\nmac = "auto"\nport = "%s"\n' "$i" "$i" "$PORT"
     done
 } > "$WORK/cluster.toml"
 chmod 644 "$WORK/cluster.toml"
@@ -85,10 +96,12 @@ chmod 644 "$WORK/cluster.toml"
     hostname: n$i
     environment:
       EMX_NODE: n$i
+      EMX_TAP: $TAP
     command: ["--control", "/run/emx/emxd.sock"]
     volumes:
       - $WORK/cluster.toml:/etc/emx/cluster.toml:ro
     cap_add: [NET_RAW, NET_ADMIN, IPC_LOCK]
+    devices: ["/dev/net/tun:/dev/net/tun"]
     stop_signal: SIGTERM
     stop_grace_period: 10s
     networks: [emx]
@@ -98,8 +111,18 @@ YAML
 } > "$WORK/compose.yml"
 
 ctl() { local i=$1; shift; compose exec -T "n$i" /usr/local/bin/emxctl --control /run/emx/emxd.sock "$@"; }
+running() {
+    local cid
+    cid=$(docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" \
+        --filter "label=com.docker.compose.service=n$1")
+    [ "$(docker inspect -f '{{.State.Running}}' "$cid")" = true ]
+}
 wait_up() {
-    for _ in $(seq 1 200); do ctl "$1" status >/dev/null 2>&1 && break; sleep 0.1; done
+    for _ in $(seq 1 200); do
+        running "$1" || { say "n$1 stopped"; return 1; }
+        ctl "$1" status >/dev/null 2>&1 && break
+        sleep 0.1
+    done
     ctl "$1" wait --state up --within 30 >/dev/null
 }
 

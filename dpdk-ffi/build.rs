@@ -30,10 +30,12 @@ const STATIC_WHOLE: &[&str] = &[
     "rte_net_memif",
     "rte_net_ring",
     "rte_net_af_packet",
+    "rte_net_tap",
     "rte_bus_vdev",
     "rte_mempool_ring",
 ];
 const STATIC_LIBS: &[&str] = &[
+    "rte_gso",
     "rte_ethdev",
     "rte_net",
     "rte_meter",

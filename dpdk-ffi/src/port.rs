@@ -630,7 +630,7 @@ fn driver_missing(name: &str) -> bool {
 }
 
 /// Drivers that a static build links in (see build.rs).
-const KNOWN_VDEV_DRIVERS: &[&str] = &["net_memif", "net_ring", "net_af_packet"];
+const KNOWN_VDEV_DRIVERS: &[&str] = &["net_memif", "net_ring", "net_af_packet", "net_tap"];
 
 fn pmd_dirs() -> Vec<std::path::PathBuf> {
     let mut dirs = Vec::new();

@@ -506,3 +506,76 @@ fn macs_are_learnt_and_relearnt_after_a_restart() {
         .unwrap();
     assert_eq!((p3.mac, p3.stats.macs_learned), (new_mac, 2), "{p3:?}");
 }
+
+/// A peer given as `auto`, declared dead, comes back on another MAC: its
+/// greeting is accepted and its new address learnt.
+#[test]
+fn a_dead_peer_is_learnt_again_on_a_new_mac() {
+    use emx::runtime::AUTO_MAC;
+    let net = MemNetwork::new(1024);
+    let cfg = |node: u16, peer: u16| EngineConfig {
+        peers: vec![PeerConfig {
+            node: peer,
+            endpoint: 0,
+            mac: AUTO_MAC,
+        }],
+        protocol: ProtocolConfig {
+            peer_timeout_us: Some(200_000),
+            keepalive_us: Some(20_000),
+            ..Default::default()
+        },
+        ..EngineConfig::new(node)
+    };
+    let mut ea = Engine::start(&cfg(1, 2), net.port([2, 0, 0, 0, 0, 1], 1500)).unwrap();
+    let mut a = ea.endpoint().unwrap();
+    let mut eb = Engine::start(&cfg(2, 1), net.port([2, 0, 0, 0, 0, 2], 1500)).unwrap();
+    let mut b = eb.endpoint().unwrap();
+    // Something waits on b, so that a watches it.
+    let watch = a
+        .irecv(Some(Addr::new(2, 0)), 9, u64::MAX, vec![0u8; 8])
+        .unwrap();
+    let t = Instant::now();
+    while a.peers().unwrap()[0].epoch == 0 {
+        a.progress();
+        b.progress();
+        assert!(t.elapsed() < Duration::from_secs(5), "no session");
+    }
+    drop(b);
+    drop(eb.shutdown(Duration::from_millis(10)));
+    let c = a.wait(watch).unwrap();
+    assert!(matches!(
+        c.result,
+        Err(Error::Request(RequestError::PeerUnreachable))
+    ));
+    assert!(a.peers().unwrap()[0].down);
+    // b comes back elsewhere and greets a.
+    let new_mac: Mac = [2, 0, 0, 0, 0, 0x22];
+    // An epoch whose serial distance from 0 is negative: being dead, a has
+    // no epoch of b to compare it with, and must take it anyway.
+    let restarted = EngineConfig {
+        epoch: Some(0x9000_0000),
+        ..cfg(2, 1)
+    };
+    let mut eb = Engine::start(&restarted, net.port(new_mac, 1500)).unwrap();
+    let mut b = eb.endpoint().unwrap();
+    // (A receive naming a dead peer is refused: take it from anyone.)
+    let r = a.irecv(None, 5, u64::MAX, vec![0u8; 4]).unwrap();
+    let s = b.isend(Addr::new(1, 0), 5, vec![7u8; 4]).unwrap();
+    let (mut got, mut sent) = (None, None);
+    let t = Instant::now();
+    while got.is_none() || sent.is_none() {
+        a.progress();
+        b.progress();
+        if got.is_none() {
+            got = a.test(r).unwrap();
+        }
+        if sent.is_none() {
+            sent = b.test(s).unwrap();
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "not learnt again");
+    }
+    assert_eq!(got.unwrap().into_recv().unwrap().0.as_ref(), &[7u8; 4]);
+    let p = &a.peers().unwrap()[0];
+    assert!(!p.down && p.mac == new_mac, "{p:?}");
+    drop((a, b, ea, eb));
+}

@@ -1127,9 +1127,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // peer's. A peer added without one learns it from its first frame, and
             // again when it comes back with a new epoch (a restarted container
             // may have a new address).
+            // (A peer declared dead has no epoch any more: it comes back with any.)
             let learn = peer.auto_mac
                 && h.src_mac.is_unicast()
-                && (peer.mac == MacAddr::BROADCAST || epoch_after(h.src_epoch, peer.epoch));
+                && !(peer.dead && h.src_epoch == peer.dead_epoch)
+                && (peer.mac == MacAddr::BROADCAST
+                    || peer.epoch == 0
+                    || epoch_after(h.src_epoch, peer.epoch));
             if !learn {
                 peer.stats.dropped.count(DropReason::NotForUs);
                 return Err(DropReason::NotForUs);
