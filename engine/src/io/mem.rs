@@ -27,7 +27,7 @@ impl Frame for MemFrame {
         Some(&mut self.0)
     }
     fn into_lent(self, offset: usize, len: usize) -> Lent {
-        Lent::new(LentFrame::Bytes(self.0), offset, len)
+        Lent::new(LentFrame::Bytes(self.0.into_boxed_slice()), offset, len)
     }
 }
 

@@ -183,18 +183,25 @@ pub trait Frame {
 /// buffers.
 pub struct Lent {
     frame: LentFrame,
-    offset: usize,
-    len: usize,
+    // u32: a frame is far shorter; and it keeps RecvBuf as small as before.
+    offset: u32,
+    len: u32,
 }
 
 enum LentFrame {
     Mbuf(dpdk_ffi::Mbuf),
-    Bytes(Vec<u8>),
+    // A boxed slice, so that a lent message is 24 bytes and a RecvBuf stays
+    // 32: receive buffers are moved on every completion.
+    Bytes(Box<[u8]>),
 }
 
 impl Lent {
     fn new(frame: LentFrame, offset: usize, len: usize) -> Lent {
-        let l = Lent { frame, offset, len };
+        let l = Lent {
+            frame,
+            offset: u32::try_from(offset).expect("frame offsets fit in u32"),
+            len: u32::try_from(len).expect("frame lengths fit in u32"),
+        };
         assert!(
             offset + len <= l.frame_bytes().len(),
             "lent range {offset}+{len} beyond the frame"
@@ -211,12 +218,13 @@ impl Lent {
 
     /// The message.
     pub fn as_slice(&self) -> &[u8] {
-        &self.frame_bytes()[self.offset..self.offset + self.len]
+        let o = self.offset as usize;
+        &self.frame_bytes()[o..o + self.len as usize]
     }
 
     /// Its length.
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 
     /// True for an empty message.

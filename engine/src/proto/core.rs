@@ -1184,13 +1184,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             if peer.dead && h.src_epoch == peer.dead_epoch {
                 return Err(DropReason::DeadPeer);
             }
-            let long_silent =
-                now.0.saturating_sub(peer.last_heard.0) > self.cfg.peer_timeout.as_nanos() as u64;
             if !peer.dead
                 && peer.epoch != 0
                 && h.src_epoch != peer.epoch
                 && !epoch_after(h.src_epoch, peer.epoch)
-                && !long_silent
+                && now.0.saturating_sub(peer.last_heard.0)
+                    <= self.cfg.peer_timeout.as_nanos() as u64
             {
                 return Err(DropReason::StaleEpoch);
             }

@@ -32,6 +32,7 @@ impl SendBuf {
 }
 
 impl AsRef<[u8]> for SendBuf {
+    #[inline]
     fn as_ref(&self) -> &[u8] {
         match self {
             SendBuf::Owned(v) => v,
@@ -96,6 +97,7 @@ impl RecvBuffer for RecvBuf {
 }
 
 impl AsMut<[u8]> for RecvBuf {
+    #[inline]
     fn as_mut(&mut self) -> &mut [u8] {
         match self {
             RecvBuf::Owned(v) => v,
@@ -108,6 +110,7 @@ impl AsMut<[u8]> for RecvBuf {
 }
 
 impl AsRef<[u8]> for RecvBuf {
+    #[inline]
     fn as_ref(&self) -> &[u8] {
         match self {
             RecvBuf::Owned(v) => v,
