@@ -40,8 +40,10 @@
 //!   within the liveness deadline, whether or not traffic was flowing; a
 //!   restarted one is reported up again with its new epoch as soon as its
 //!   first frame arrives. A peer is "up" only once its epoch is known.
-//!   Peers whose MAC is `auto` in the cluster file are not in the engine's
-//!   peer table yet and are reported as `unresolved`.
+//!   Peers whose MAC is `auto` in the cluster file are greeted on
+//!   broadcast and reported as `unresolved` until their address is learnt
+//!   from their first frame (and learnt again when they come back from a
+//!   restart on another address).
 //! - **A control socket** ([`control`]): a Unix stream socket (default
 //!   [`control::default_control_path`], `/run/emx/emxd-<node>.sock`), one
 //!   JSON request per line, one JSON reply per line: `status`, `peers`,
@@ -51,8 +53,9 @@
 //! When the node has no polling cores (inline progress), emxd's main loop
 //! drives the engine; idle, it spins for 50 us and then sleeps between polls
 //! (50 us, growing to 200 us while nothing happens), so that several daemons
-//! share a small machine (an idle daemon takes about 2-4% of a core). With a polling core the engine runs on its own thread and the
-//! main loop only takes completions.
+//! share a small machine (an idle daemon takes about 2-4% of a core). With a
+//! polling core the engine runs on its own thread and the main loop only
+//! takes completions.
 //!
 //! On SIGTERM or SIGINT (or `shutdown`), emxd stops taking work: it answers
 //! running checks with an error, cancels the receives that hold nothing yet,
@@ -73,6 +76,7 @@
 //! ```text
 //! emxctl [--control PATH | --node NAME] status|peers|stats|check|shutdown [--json]
 //! emxctl check [--peer NAME|ID] [--sizes 1000,1M,...]
+//! emxctl wait [--state up|down] [--peer NAME|ID] [--within SECONDS]
 //! ```
 //!
 //! Prints tables, or the raw reply with `--json`; exits 1 when emxd is not

@@ -595,7 +595,7 @@ impl Station {
     }
 
     /// This endpoint's view of its peers, and the cluster file's nodes whose
-    /// MAC is `auto` (not in the engine's table yet) as unresolved.
+    /// MAC is `auto` and whose address is not learnt yet as unresolved.
     pub fn peer_entries(&mut self, cluster: &ClusterConfig) -> Result<Vec<PeerEntry>, Error> {
         let peers = self.ep.peers()?;
         let mut out: Vec<PeerEntry> = peers
