@@ -1,5 +1,6 @@
 //! Ethernet ports: configuration, start, link, statistics, and the rx/tx
-//! queues, each handed out once so that one queue belongs to one thread.
+//! queues, each handed to one owner at a time so that one queue belongs to one
+//! thread (dropping the handle gives it back).
 
 use std::ffi::{c_char, CStr, CString};
 use std::marker::PhantomData;
@@ -354,7 +355,8 @@ impl Port {
         })
     }
 
-    /// Hands out receive queue `queue`, once.
+    /// Hands out receive queue `queue` to one owner at a time: refused while
+    /// another handle to it lives; dropping the handle gives it back.
     pub fn rx_queue(&self, queue: u16) -> Result<RxQueue> {
         take(&self.0.rx_taken, self.0.id, queue)?;
         Ok(RxQueue {
@@ -365,7 +367,8 @@ impl Port {
         })
     }
 
-    /// Hands out transmit queue `queue`, once.
+    /// Hands out transmit queue `queue` to one owner at a time: refused while
+    /// another handle to it lives; dropping the handle gives it back.
     pub fn tx_queue(&self, queue: u16) -> Result<TxQueue> {
         take(&self.0.tx_taken, self.0.id, queue)?;
         Ok(TxQueue {
@@ -374,6 +377,20 @@ impl Port {
             queue,
             _not_sync: PhantomData,
         })
+    }
+}
+
+impl Drop for RxQueue {
+    /// Gives the queue back to its port, for another owner to take.
+    fn drop(&mut self) {
+        self.port.rx_taken[usize::from(self.queue)].store(false, Ordering::Release);
+    }
+}
+
+impl Drop for TxQueue {
+    /// Gives the queue back to its port, for another owner to take.
+    fn drop(&mut self) {
+        self.port.tx_taken[usize::from(self.queue)].store(false, Ordering::Release);
     }
 }
 

@@ -79,7 +79,7 @@ fn exhausted_mempool() {
 }
 
 #[test]
-fn queue_taken_once_and_bounds() {
+fn queue_has_one_owner_at_a_time_and_bounds() {
     let eal = eal(HugepageMode::Never);
     let pool = Mempool::new(&eal, "e4", 1023, 0, DEFAULT_DATA_ROOM).unwrap();
     let (a, _b) = memif_pair(&eal, &pool, None);
@@ -87,6 +87,12 @@ fn queue_taken_once_and_bounds() {
     assert!(matches!(a.rx_queue(0), Err(Error::Queue { queue: 0, .. })));
     assert!(matches!(a.tx_queue(5), Err(Error::Queue { queue: 5, .. })));
     drop(q);
+    // Given back when dropped: one owner at a time, not one ever.
+    let q = a.rx_queue(0).unwrap();
+    let t = a.tx_queue(0).unwrap();
+    assert!(matches!(a.tx_queue(0), Err(Error::Queue { queue: 0, .. })));
+    drop((q, t));
+    drop((a.rx_queue(0).unwrap(), a.tx_queue(0).unwrap()));
     let err = Port::from_devargs(
         &eal,
         &format!("net_memif2,role=server,socket={}", socket("mtu")),
