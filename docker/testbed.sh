@@ -126,43 +126,18 @@ wait_up() {
     ctl "$1" wait --state up --within 30 >/dev/null
 }
 
+stop_node() {
+    local cid rc
+    compose stop -t 10 "n$1" >/dev/null
+    cid=$(docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" \
+        --filter "label=com.docker.compose.service=n$1")
+    rc=$(docker inspect -f '{{.State.ExitCode}}' "$cid")
+    [ "$rc" = 0 ] || { say "emxd in n$1 exited $rc on SIGTERM"; return 1; }
+}
+start_node() { compose start "n$1" >/dev/null; }
+
+# shellcheck source=scripts/cluster-check.sh
+. scripts/cluster-check.sh
 say "starting $N containers"
 compose up -d >/dev/null 2>&1 || compose up -d
-for i in $(seq 1 "$N"); do wait_up "$i"; done
-say "all $N nodes see each other up"
-
-say "1. every node checks every other (1000 B eager, 1 MiB rendezvous)"
-for i in $(seq 1 "$N"); do ctl "$i" check --sizes 1000,1M; done
-
-say "2. stopping n$N"
-compose stop -t 10 "n$N" >/dev/null
-cid=$(docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" \
-    --filter "label=com.docker.compose.service=n$N")
-rc=$(docker inspect -f '{{.State.ExitCode}}' "$cid")
-[ "$rc" = 0 ] || { say "emxd in n$N exited $rc on SIGTERM"; exit 1; }
-for i in $(seq 1 $((N - 1))); do
-    out=$(ctl "$i" wait --peer "n$N" --state down --within 10)
-    secs=$(echo "$out" | awk '{ print $(NF-1) }')
-    say "n$i: $out"
-    awk -v s="$secs" -v d="$DEADLINE_MS" 'BEGIN { exit !(s * 1000 <= d + 1000) }' \
-        || { say "n$i took ${secs}s, past the ${DEADLINE_MS} ms deadline"; exit 1; }
-done
-if [ "$N" -gt 2 ]; then
-    for i in $(seq 1 $((N - 1))); do
-        for j in $(seq 1 $((N - 1))); do
-            [ "$i" = "$j" ] || ctl "$i" check --peer "n$j" --sizes 1000,1M >/dev/null
-        done
-    done
-    say "the other $((N - 1)) nodes still exchange among themselves"
-fi
-
-say "3. starting n$N again"
-compose start "n$N" >/dev/null
-for i in $(seq 1 "$N"); do wait_up "$i"; done
-ctl "$N" check --sizes 1000,1M
-for i in $(seq 1 $((N - 1))); do ctl "$i" check --peer "n$N" --sizes 1000,1M >/dev/null; done
-say "n$N rejoined"
-
-say "4. status and peers of every node"
-for i in $(seq 1 "$N"); do ctl "$i" status; ctl "$i" peers; done
-say "cluster check passed"
+cluster_check

@@ -96,43 +96,20 @@ wait_socket() {
     say "emxd n$1 did not open its control socket"; return 1
 }
 
+wait_up() {
+    wait_socket "$1"
+    ctl "$1" wait --state up --within 30 >/dev/null
+}
+stop_node() {
+    local rc=0
+    kill -TERM "${PID[$1]}"
+    wait "${PID[$1]}" || rc=$?
+    unset "PID[$1]"
+    [ "$rc" = 0 ] || { say "emxd n$1 exited $rc on SIGTERM"; return 1; }
+}
+start_node() { start "$1"; }
+
+# shellcheck source=scripts/cluster-check.sh
+. scripts/cluster-check.sh
 for i in $(seq 1 "$N"); do start "$i"; done
-for i in $(seq 1 "$N"); do wait_socket "$i"; done
-for i in $(seq 1 "$N"); do ctl "$i" wait --state up --within 30 >/dev/null; done
-say "all $N nodes see each other up"
-
-say "1. every node checks every other (1000 B eager, 1 MiB rendezvous)"
-for i in $(seq 1 "$N"); do ctl "$i" check --sizes 1000,1M; done
-
-say "2. stopping n$N"
-kill -TERM "${PID[$N]}"
-rc=0; wait "${PID[$N]}" || rc=$?
-unset "PID[$N]"
-[ "$rc" = 0 ] || { say "emxd n$N exited $rc on SIGTERM"; exit 1; }
-for i in $(seq 1 $((N - 1))); do
-    out=$(ctl "$i" wait --peer "n$N" --state down --within 10)
-    secs=$(echo "$out" | awk '{ print $(NF-1) }')
-    say "n$i: $out"
-    awk -v s="$secs" -v d="$DEADLINE_MS" 'BEGIN { exit !(s * 1000 <= d + 1000) }' \
-        || { say "n$i took ${secs}s, past the ${DEADLINE_MS} ms deadline"; exit 1; }
-done
-if [ "$N" -gt 2 ]; then
-    for i in $(seq 1 $((N - 1))); do
-        for j in $(seq 1 $((N - 1))); do
-            [ "$i" = "$j" ] || ctl "$i" check --peer "n$j" --sizes 1000,1M >/dev/null
-        done
-    done
-    say "the other $((N - 1)) nodes still exchange among themselves"
-fi
-
-say "3. starting n$N again"
-start "$N"
-wait_socket "$N"
-for i in $(seq 1 "$N"); do ctl "$i" wait --state up --within 30 >/dev/null; done
-ctl "$N" check --sizes 1000,1M
-for i in $(seq 1 $((N - 1))); do ctl "$i" check --peer "n$N" --sizes 1000,1M >/dev/null; done
-say "n$N rejoined"
-
-say "4. status and peers of every node"
-for i in $(seq 1 "$N"); do ctl "$i" status; ctl "$i" peers; done
-say "cluster check passed"
+cluster_check

@@ -1,0 +1,52 @@
+# The cluster check, shared by scripts/testbed-netns.sh and docker/testbed.sh
+# (sourced, not run). The caller sets N and DEADLINE_MS, starts nodes n1..nN,
+# and defines:
+#   say MSG           print a progress line
+#   ctl I ARGS...     run emxctl against node I
+#   wait_up I         wait until node I answers and sees every peer up
+#   stop_node I       stop node I with SIGTERM; fail unless emxd exited 0
+#   start_node I      start node I again
+# The check:
+#   1. every node echoes eager and rendezvous messages off every other, byte-exact;
+#   2. the last node is stopped: every other reports it down within the
+#      liveness deadline, and the rest keep exchanging among themselves;
+#   3. it is started again and rejoins (with a new epoch); checks pass again;
+#   4. status and peers of every node, through emxctl.
+
+cluster_check() {
+    local i j out secs
+    for i in $(seq 1 "$N"); do wait_up "$i"; done
+    say "all $N nodes see each other up"
+
+    say "1. every node checks every other (1000 B eager, 1 MiB rendezvous)"
+    for i in $(seq 1 "$N"); do ctl "$i" check --sizes 1000,1M; done
+
+    say "2. stopping n$N"
+    stop_node "$N"
+    for i in $(seq 1 $((N - 1))); do
+        out=$(ctl "$i" wait --peer "n$N" --state down --within 10)
+        secs=$(echo "$out" | awk '{ print $(NF-1) }')
+        say "n$i: $out"
+        awk -v s="$secs" -v d="$DEADLINE_MS" 'BEGIN { exit !(s * 1000 <= d + 1000) }' \
+            || { say "n$i took ${secs}s, past the ${DEADLINE_MS} ms deadline"; return 1; }
+    done
+    if [ "$N" -gt 2 ]; then
+        for i in $(seq 1 $((N - 1))); do
+            for j in $(seq 1 $((N - 1))); do
+                [ "$i" = "$j" ] || ctl "$i" check --peer "n$j" --sizes 1000,1M >/dev/null
+            done
+        done
+        say "the other $((N - 1)) nodes still exchange among themselves"
+    fi
+
+    say "3. starting n$N again"
+    start_node "$N"
+    for i in $(seq 1 "$N"); do wait_up "$i"; done
+    ctl "$N" check --sizes 1000,1M
+    for i in $(seq 1 $((N - 1))); do ctl "$i" check --peer "n$N" --sizes 1000,1M >/dev/null; done
+    say "n$N rejoined"
+
+    say "4. status and peers of every node"
+    for i in $(seq 1 "$N"); do ctl "$i" status; ctl "$i" peers; done
+    say "cluster check passed"
+}
