@@ -32,6 +32,10 @@ bash docker/build-image.sh
 # Each node's DPDK port: a tap device, which the image's entrypoint bridges
 # to the container's eth0, or eth0 itself through an af_packet socket
 # (EMX_DOCKER_PORT=af_packet).
+if [ "${EMX_DOCKER_PORT:-tap}" = tap ] && [ ! -c /dev/net/tun ]; then
+    echo "docker testbed: no /dev/net/tun on this machine: using af_packet on eth0 instead of a tap" >&2
+    EMX_DOCKER_PORT=af_packet
+fi
 case "${EMX_DOCKER_PORT:-tap}" in
     tap) PORT="net_tap0,iface=emxtap" ;;
     af_packet) PORT="net_af_packet0,iface=eth0,qpairs=1" ;;
