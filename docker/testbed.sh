@@ -43,7 +43,11 @@ case "${EMX_DOCKER_PORT:-tap}" in
 esac
 
 TAP=""
-[ "${EMX_DOCKER_PORT:-tap}" = tap ] && TAP=emxtap
+DEVICES=""
+if [ "${EMX_DOCKER_PORT:-tap}" = tap ]; then
+    TAP=emxtap
+    DEVICES='"/dev/net/tun:/dev/net/tun"'
+fi
 PROJECT="emxtb$$"
 WORK=$(mktemp -d /tmp/emx-docker.XXXXXX)
 DEADLINE_MS=1000
@@ -105,7 +109,7 @@ chmod 644 "$WORK/cluster.toml"
     volumes:
       - $WORK/cluster.toml:/etc/emx/cluster.toml:ro
     cap_add: [NET_RAW, NET_ADMIN, IPC_LOCK]
-    devices: ["/dev/net/tun:/dev/net/tun"]
+    devices: [$DEVICES]
     stop_signal: SIGTERM
     stop_grace_period: 10s
     networks: [emx]
