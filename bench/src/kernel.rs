@@ -586,6 +586,9 @@ fn ping_udp(
     let mut back = vec![0u8; UDP_MAX + 1];
     let mut seq = 0u64;
     let mut losses = 0u64;
+    // Losses in a row: a link that carries no kernel traffic at all (an
+    // AF_XDP program took the interface) must fail, not retry for ever.
+    let mut streak = 0u32;
     let mut wait = Waiter::new(spin);
     let hist = measure(warmup, duration, max_iters, || {
         seq += 1;
@@ -600,6 +603,7 @@ fn ping_udp(
                 Ok(n) => {
                     let ns = nanos_since(t0);
                     if n == size && (size < 8 || back[..8] == out[..8]) {
+                        streak = 0;
                         return Ok(ns);
                     }
                     // A late reply to an earlier, resent request: skip it.
@@ -610,8 +614,16 @@ fn ping_udp(
                         continue;
                     }
                     losses += 1;
+                    streak += 1;
                     if losses > 1000 {
                         return Err("UDP ping-pong: over 1000 datagrams lost".to_string());
+                    }
+                    if streak >= 5 {
+                        return Err(format!(
+                            "UDP ping-pong: 5 datagrams in a row unanswered ({} s): \
+                             the link carries no kernel traffic",
+                            5 * READ_TIMEOUT.as_secs()
+                        ));
                     }
                     t0 = Instant::now();
                     send_udp(&sock, &out)?;

@@ -66,10 +66,16 @@ pub struct Link {
 
 impl Link {
     /// Opens a link of `kind` with frames of up to `mtu` bytes of payload.
-    pub fn open(kind: LinkKind, eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
+    pub fn open(
+        kind: LinkKind,
+        eal: &Eal,
+        pool: &Mempool,
+        mtu: u16,
+        pmd: VethPmd,
+    ) -> Result<Link, String> {
         match kind {
             LinkKind::MemifPair => memif_pair(eal, pool, mtu),
-            LinkKind::Veth => veth(eal, pool, mtu),
+            LinkKind::Veth => veth(eal, pool, mtu, pmd),
             LinkKind::Memif => Err("the memif link joins two processes: run one with --role server and the other with --role client".into()),
         }
     }
@@ -194,7 +200,16 @@ fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
     })
 }
 
-fn veth(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
+/// The DPDK driver of the veth link's ports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VethPmd {
+    /// `net_af_packet`: a packet socket per port.
+    AfPacket,
+    /// `net_af_xdp`: an AF_XDP socket per port (generic XDP on a veth).
+    AfXdp,
+}
+
+fn veth(eal: &Eal, pool: &Mempool, mtu: u16, pmd: VethPmd) -> Result<Link, String> {
     crate::netns::cleanup_on_signal();
     let cfg = PortConfig {
         mtu: Some(mtu),
@@ -207,16 +222,19 @@ fn veth(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
         let mut ends = Vec::new();
         for side in 0..2 {
             pair.enter(side)?;
-            let port = Port::from_devargs(
-                eal,
-                &format!(
+            let devargs = match pmd {
+                VethPmd::AfPacket => format!(
                     "net_af_packet{},iface={},qpairs=1",
                     2 * c + side,
                     pair.ifname[side]
                 ),
-                &cfg,
-                pool,
-            );
+                VethPmd::AfXdp => format!(
+                    "net_af_xdp{},iface={},start_queue=0,queue_count=1",
+                    2 * c + side,
+                    pair.ifname[side]
+                ),
+            };
+            let port = Port::from_devargs(eal, &devargs, &cfg, pool);
             pair.leave()?;
             let port = port.map_err(|e| e.to_string())?;
             port.wait_link(Duration::from_secs(10))
@@ -229,7 +247,10 @@ fn veth(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
         pairs.push(pair);
     }
     Ok(Link {
-        name: "veth pairs between namespaces, net_af_packet".into(),
+        name: match pmd {
+            VethPmd::AfPacket => "veth pairs between namespaces, net_af_packet".into(),
+            VethPmd::AfXdp => "veth pairs between namespaces, net_af_xdp".into(),
+        },
         channels,
         veth: pairs,
         mtu,

@@ -42,6 +42,10 @@ struct Args {
     /// processes: run one with `--role server`, then one with `--role client`).
     #[arg(long, value_enum, default_value_t = LinkKind::MemifPair)]
     link: LinkKind,
+    /// With `--link veth`: the DPDK driver of its ports, `af-packet` or
+    /// `af-xdp` (AF_XDP sockets, generic XDP on a veth).
+    #[arg(long, value_enum, default_value_t = link::VethPmd::AfPacket)]
+    pmd: link::VethPmd,
     /// With `--link memif`: `server` runs the echo side and takes orders from
     /// the client over TCP; `client` runs the tests and prints the results.
     #[arg(long, value_enum)]
@@ -202,9 +206,18 @@ fn run(args: &Args) -> Result<(), String> {
     let mut transports = args.transports.clone();
     if transports.is_empty() {
         transports = vec![Transport::Raw, Transport::Emx, Transport::EmxThread];
-        if args.link == LinkKind::Veth {
+        if args.link == LinkKind::Veth && args.pmd == link::VethPmd::AfPacket {
             transports.extend([Transport::Udp, Transport::Tcp]);
         }
+    }
+    if args.pmd == link::VethPmd::AfXdp
+        && transports
+            .iter()
+            .any(|t| matches!(t, Transport::Udp | Transport::Tcp))
+    {
+        return Err(
+            "AF_XDP takes every frame of the interface from the kernel, so kernel sockets cannot share it: use --pmd af-packet for the udp and tcp baselines".into(),
+        );
     }
     if args.link != LinkKind::Veth {
         if let Some(t) = transports
@@ -257,7 +270,7 @@ fn run(args: &Args) -> Result<(), String> {
             return Err("--link memif joins two processes: start one with --role server, then one with --role client".into())
         }
         (_, Some(_)) => return Err("--role goes with --link memif".into()),
-        (kind, None) => Session::start(kind, hugepages, args.mtu)?,
+        (kind, None) => Session::start(kind, hugepages, args.mtu, args.pmd)?,
     };
     let total: u64 = tests
         .iter()

@@ -549,9 +549,14 @@ enum Control {
 
 impl Session {
     /// Starts the EAL, opens the link and starts the echo thread.
-    pub fn start(kind: LinkKind, hugepages: HugepageMode, mtu: u16) -> Result<Session, String> {
+    pub fn start(
+        kind: LinkKind,
+        hugepages: HugepageMode,
+        mtu: u16,
+        pmd: crate::link::VethPmd,
+    ) -> Result<Session, String> {
         let (eal, pool) = start_eal(hugepages, mtu)?;
-        let link = Link::open(kind, &eal, &pool, mtu)?;
+        let link = Link::open(kind, &eal, &pool, mtu, pmd)?;
         let (ping_core, echo_core) = two_cores();
         let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
         let a_macs: Vec<[u8; 6]> = link.channels.iter().map(|c| c.a.port.mac()).collect();

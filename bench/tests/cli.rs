@@ -328,3 +328,27 @@ fn memif_between_two_processes() {
     }
     assert!(r["link"].as_str().unwrap().contains("two processes"));
 }
+
+#[test]
+fn veth_over_af_xdp() {
+    need_root();
+    let r = json(&[
+        "--link",
+        "veth",
+        "--pmd",
+        "af-xdp",
+        "--test",
+        "latency,bandwidth",
+        "--sizes",
+        "64,4K",
+        "--transports",
+        "raw,emx",
+    ]);
+    assert!(r["link"].as_str().unwrap().contains("af_xdp"), "{r}");
+    for test in ["latency", "bandwidth"] {
+        let rows = check_rows(&r, test);
+        for t in ["raw", "emx"] {
+            assert_eq!(sizes_of(&rows, t), [64, 4096], "{test} {t}");
+        }
+    }
+}
