@@ -34,16 +34,7 @@ fn two_engines(progress: ProgressMode) {
     let eal = eal();
     let pool = pool(&eal, "eng");
     let (pa, pb) = memif_pair(&eal, &pool);
-    let mut ea = Engine::start(
-        &config(1, 2, pb.mac(), progress.clone()),
-        DpdkIo::new(&pa, 0, &pool).unwrap(),
-    )
-    .unwrap();
-    let mut eb = Engine::start(
-        &config(2, 1, pa.mac(), progress),
-        DpdkIo::new(&pb, 0, &pool).unwrap(),
-    )
-    .unwrap();
+    let (mut ea, mut eb) = engines(&pa, &pb, &pool, progress);
     let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
     let sizes = sizes(FIXED, 0, 1);
     let region = emx::runtime::register_memory(&eal, 72 << 20).unwrap();
@@ -137,16 +128,7 @@ fn registered_send_is_not_copied_nor_released_before_ack() {
     let eal = eal();
     let pool = pool(&eal, "zc");
     let (pa, pb) = memif_pair(&eal, &pool);
-    let mut ea = Engine::start(
-        &config(1, 2, pb.mac(), ProgressMode::Inline),
-        DpdkIo::new(&pa, 0, &pool).unwrap(),
-    )
-    .unwrap();
-    let mut eb = Engine::start(
-        &config(2, 1, pa.mac(), ProgressMode::Inline),
-        DpdkIo::new(&pb, 0, &pool).unwrap(),
-    )
-    .unwrap();
+    let (mut ea, mut eb) = engines(&pa, &pb, &pool, ProgressMode::Inline);
     let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
     let region = ExtMem::new(&eal, 4 << 20).unwrap();
     for len in [100usize, 40_000, 3 << 20] {
@@ -211,16 +193,7 @@ fn eager_receive_lends_the_mbuf() {
     let eal = eal();
     let pool = pool(&eal, "lend");
     let (pa, pb) = memif_pair(&eal, &pool);
-    let mut ea = Engine::start(
-        &config(1, 2, pb.mac(), ProgressMode::Inline),
-        DpdkIo::new(&pa, 0, &pool).unwrap(),
-    )
-    .unwrap();
-    let mut eb = Engine::start(
-        &config(2, 1, pa.mac(), ProgressMode::Inline),
-        DpdkIo::new(&pb, 0, &pool).unwrap(),
-    )
-    .unwrap();
+    let (mut ea, mut eb) = engines(&pa, &pb, &pool, ProgressMode::Inline);
     let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
     let exchange = |a: &mut emx::runtime::Endpoint,
                     b: &mut emx::runtime::Endpoint,

@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use dpdk_ffi::{Eal, ExtMem, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
+use emx::io::DpdkIo;
 use emx::proto::Addr;
-use emx::runtime::{Endpoint, EngineConfig, PeerConfig, ProgressMode, SendBuf};
+use emx::runtime::{Endpoint, Engine, EngineConfig, PeerConfig, ProgressMode, SendBuf};
 
 pub fn eal() -> Eal {
     Eal::builder().memory_mb(512).init().expect("EAL")
@@ -49,6 +50,22 @@ pub fn config(node: u16, peer: u16, peer_mac: [u8; 6], progress: ProgressMode) -
         }],
         ..EngineConfig::new(node)
     }
+}
+
+/// Node 1 on port `pa` and node 2 on port `pb` (queue 0 each), peers of
+/// each other.
+pub fn engines(pa: &Port, pb: &Port, pool: &Mempool, progress: ProgressMode) -> (Engine, Engine) {
+    let ea = Engine::start(
+        &config(1, 2, pb.mac(), progress.clone()),
+        DpdkIo::new(pa, 0, pool).unwrap(),
+    )
+    .unwrap();
+    let eb = Engine::start(
+        &config(2, 1, pa.mac(), progress),
+        DpdkIo::new(pb, 0, pool).unwrap(),
+    )
+    .unwrap();
+    (ea, eb)
 }
 
 pub fn byte(i: u64, j: usize) -> u8 {
