@@ -67,31 +67,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The cluster file: like config/examples/docker.toml, for N nodes, with a
-# short liveness deadline for the check.
-{
-    cat <<TOML
-[cluster]
-id = 3
-
-[protocol]
-rto_initial_us = 2000
-keepalive_us = 100000
-peer_timeout_us = ${DEADLINE_MS}000
-
-[memory]
-hugepages = "never"
-memory_mb = 128
-region_mb = 64
-
-[logging]
-level = "info"
-format = "json"
-TOML
-    for i in $(seq 1 "$N"); do
-        printf '\n[[node]]\nid = %d\nname = "n%d"\nmac = "auto"\nport = "%s"\n' "$i" "$i" "$PORT"
-    done
-} > "$WORK/cluster.toml"
+# shellcheck source=scripts/cluster-check.sh
+. scripts/cluster-check.sh
+# The cluster file: like config/examples/docker.toml, for N nodes.
+cluster_file 3 "$PORT" json > "$WORK/cluster.toml"
 chmod 644 "$WORK/cluster.toml"
 
 # The compose file: docker/compose.yml is this for N = 3.
@@ -144,8 +123,6 @@ stop_node() {
 }
 start_node() { compose start "n$1" >/dev/null; }
 
-# shellcheck source=scripts/cluster-check.sh
-. scripts/cluster-check.sh
 say "starting $N containers"
 compose up -d >/dev/null 2>&1 || compose up -d
 cluster_check

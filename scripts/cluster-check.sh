@@ -1,6 +1,11 @@
-# The cluster check, shared by scripts/testbed-netns.sh and docker/testbed.sh
-# (sourced, not run). The caller sets N and DEADLINE_MS, starts nodes n1..nN,
-# and defines:
+# The cluster file and the cluster check, shared by scripts/testbed-netns.sh
+# and docker/testbed.sh (sourced, not run). The caller sets N and DEADLINE_MS.
+#
+# cluster_file ID PORT FORMAT prints a cluster file of N nodes n1..nN, with
+# MACs learnt at run time, the DPDK port PORT on every node, the liveness
+# deadline DEADLINE_MS, and log lines in FORMAT (text or json).
+#
+# For cluster_check the caller starts nodes n1..nN and defines:
 #   say MSG           print a progress line
 #   ctl I ARGS...     run emxctl against node I
 #   wait_up I         wait until node I answers and sees every peer up
@@ -12,6 +17,31 @@
 #      liveness deadline, and the rest keep exchanging among themselves;
 #   3. it is started again and rejoins (with a new epoch); checks pass again;
 #   4. status and peers of every node, through emxctl.
+
+cluster_file() {
+    local id=$1 port=$2 format=$3 i
+    cat <<TOML
+[cluster]
+id = $id
+
+[protocol]
+rto_initial_us = 2000
+keepalive_us = 100000
+peer_timeout_us = ${DEADLINE_MS}000
+
+[memory]
+hugepages = "never"
+memory_mb = 128
+region_mb = 64
+
+[logging]
+level = "info"
+format = "$format"
+TOML
+    for i in $(seq 1 "$N"); do
+        printf '\n[[node]]\nid = %d\nname = "n%d"\nmac = "auto"\nport = "%s"\n' "$i" "$i" "$port"
+    done
+}
 
 cluster_check() {
     local i j out secs

@@ -48,29 +48,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The cluster file: N nodes, MACs learnt, a short liveness deadline.
-{
-    cat <<EOF
-[cluster]
-id = 9
-
-[protocol]
-rto_initial_us = 2000
-keepalive_us = 100000
-peer_timeout_us = ${DEADLINE_MS}000
-
-[memory]
-hugepages = "never"
-memory_mb = 128
-region_mb = 64
-
-[logging]
-level = "info"
-EOF
-    for i in $(seq 1 "$N"); do
-        printf '\n[[node]]\nid = %d\nname = "n%d"\nmac = "auto"\nport = "net_af_packet0,iface=eth0,qpairs=1"\n' "$i" "$i"
-    done
-} > "$WORK/cluster.toml"
+# shellcheck source=scripts/cluster-check.sh
+. scripts/cluster-check.sh
+cluster_file 9 "net_af_packet0,iface=eth0,qpairs=1" text > "$WORK/cluster.toml"
 
 say "making $N namespaces on bridge $BR"
 ip link add "$BR" type bridge
@@ -109,7 +89,5 @@ stop_node() {
 }
 start_node() { start "$1"; }
 
-# shellcheck source=scripts/cluster-check.sh
-. scripts/cluster-check.sh
 for i in $(seq 1 "$N"); do start "$i"; done
 cluster_check
