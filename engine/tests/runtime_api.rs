@@ -527,6 +527,7 @@ fn a_dead_peer_is_learnt_again_on_a_new_mac() {
         ..EngineConfig::new(node)
     };
     let mut ea = Engine::start(&cfg(1, 2), net.port([2, 0, 0, 0, 0, 1], 1500)).unwrap();
+    assert_ne!(ea.epoch(), 0, "an epoch chosen from the clock");
     let mut a = ea.endpoint().unwrap();
     let mut eb = Engine::start(&cfg(2, 1), net.port([2, 0, 0, 0, 0, 2], 1500)).unwrap();
     let mut b = eb.endpoint().unwrap();
@@ -557,6 +558,7 @@ fn a_dead_peer_is_learnt_again_on_a_new_mac() {
         ..cfg(2, 1)
     };
     let mut eb = Engine::start(&restarted, net.port(new_mac, 1500)).unwrap();
+    assert_eq!(eb.epoch(), 0x9000_0000, "the configured epoch");
     let mut b = eb.endpoint().unwrap();
     // (A receive naming a dead peer is refused: take it from anyone.)
     let r = a.irecv(None, 5, u64::MAX, vec![0u8; 4]).unwrap();

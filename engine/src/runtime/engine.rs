@@ -464,6 +464,7 @@ pub struct Engine {
     taken: Vec<bool>,
     max_requests: usize,
     clock: Clock,
+    epoch: u32,
 }
 
 impl Engine {
@@ -525,6 +526,7 @@ impl Engine {
             locals,
             max_requests,
             clock,
+            epoch,
         };
         match cfg.progress {
             ProgressMode::Inline => engine.inline = Some(driver),
@@ -544,6 +546,12 @@ impl Engine {
             }
         }
         Ok(engine)
+    }
+
+    /// The session epoch of this start (the configured one, or the one
+    /// chosen from the clock): peers see a restart as a new epoch.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     /// The address of this engine's first endpoint.

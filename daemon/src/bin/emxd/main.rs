@@ -94,7 +94,7 @@ fn run(args: Args) -> Result<(), Failure> {
     let cluster = ClusterConfig::load(&args.config).map_err(config)?;
     let me = resolve_identity(args.node.as_deref(), |k| std::env::var(k).ok()).map_err(config)?;
     let spec = cluster.node_for(&me).map_err(config)?.clone();
-    let mut node_cfg = cluster.local_node_config(&me).map_err(config)?;
+    let node_cfg = cluster.local_node_config(&me).map_err(config)?;
     init_logging(
         args.log_level
             .map(level_filter)
@@ -118,11 +118,6 @@ fn run(args: Args) -> Result<(), Failure> {
         )));
     }
 
-    // The engine does not say which epoch it chose: choose it here, from
-    // the clock, so that a restart comes back with a later one.
-    let epoch = fresh_epoch();
-    node_cfg.engine.epoch = Some(epoch);
-
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())
@@ -138,7 +133,6 @@ fn run(args: Args) -> Result<(), Failure> {
         node = spec.id,
         name = %spec.name,
         port = %spec.port,
-        epoch,
         config = %args.config.display(),
         control = %control.display(),
         "starting"
@@ -154,6 +148,8 @@ fn run(args: Args) -> Result<(), Failure> {
             spec.name, spec.port
         ))
     })?;
+    // Chosen by the engine from the clock: a restart comes back with a later one.
+    let epoch = engine.epoch();
     let region = register_memory(&eal, region_bytes).map_err(|e| {
         Failure::Start(format!(
             "cannot register {} MiB of memory: {e}",
@@ -177,6 +173,7 @@ fn run(args: Args) -> Result<(), Failure> {
     info!(
         node = spec.id,
         name = %spec.name,
+        epoch,
         link = port.name(),
         mac = %emx_config::Mac::Addr(port.mac()),
         mtu = port.mtu(),
@@ -205,16 +202,6 @@ fn run(args: Args) -> Result<(), Failure> {
     Daemon::new(parts, cluster, info, rx, stop).run();
     drop(socket_file);
     Ok(())
-}
-
-/// A session epoch from the clock in microseconds (it wraps every 71
-/// minutes; the engine compares epochs as serial numbers). Never 0, which
-/// means "unknown".
-fn fresh_epoch() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    (t.as_micros() as u32).max(1)
 }
 
 fn level_filter(l: Level) -> LevelFilter {
