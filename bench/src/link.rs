@@ -7,6 +7,11 @@
 //!   program makes (and removes, also when interrupted), with a
 //!   `net_af_packet` port on each end. The calling thread enters a namespace
 //!   just while it opens the port there: the port's socket stays in it.
+//! - `devargs`: any port DPDK can probe (a NIC by PCI address, or a virtual
+//!   device's devargs), with one queue pair. A NIC spreads frames over its
+//!   queues by their IP headers, and emx frames have none: every frame comes
+//!   in on queue 0. So the three channels are one queue pair, *shared*: the
+//!   session opens one transport at a time on it (see [`Link::shared`]).
 
 use std::time::Duration;
 
@@ -25,6 +30,18 @@ pub enum LinkKind {
     /// A memif link between two processes: one runs `--role server`, the
     /// other `--role client`.
     Memif,
+    /// Ports given by EAL devargs (`--devargs`): a NIC by PCI address, or
+    /// any virtual device. Two in this process, or one per process with `--role`.
+    Devargs,
+}
+
+/// What one process's side of a two-process link is.
+#[derive(Clone, Debug)]
+pub enum SideSpec {
+    /// A memif port on this socket, with three queue pairs.
+    Memif(String),
+    /// A port from these devargs, with one queue pair.
+    Devargs(String),
 }
 
 /// One side of a channel: a port and its queue.
@@ -62,28 +79,92 @@ pub struct Link {
     pub veth: Vec<VethPair>,
     /// The frame payload limit.
     pub mtu: u16,
+    /// Whether the channels are one queue pair that only one transport at a
+    /// time may hold.
+    pub shared: bool,
 }
 
 impl Link {
-    /// Opens a link of `kind` with frames of up to `mtu` bytes of payload.
+    /// Opens a link of `kind` in this process with frames of up to `mtu`
+    /// bytes of payload: `pmd` is the veth link's driver, `devargs` the
+    /// devargs link's two ports.
     pub fn open(
         kind: LinkKind,
         eal: &Eal,
         pool: &Mempool,
         mtu: u16,
         pmd: VethPmd,
+        devargs: &[String],
     ) -> Result<Link, String> {
-        match kind {
-            LinkKind::MemifPair => memif_pair(eal, pool, mtu),
-            LinkKind::Veth => veth(eal, pool, mtu, pmd),
-            LinkKind::Memif => Err("the memif link joins two processes: run one with --role server and the other with --role client".into()),
+        match (kind, devargs) {
+            (LinkKind::MemifPair, _) => memif_pair(eal, pool, mtu),
+            (LinkKind::Veth, _) => veth(eal, pool, mtu, pmd),
+            (LinkKind::Memif, _) => Err("the memif link joins two processes: run one with --role server and the other with --role client".into()),
+            (LinkKind::Devargs, [a, b]) => Self::devargs_pair(eal, pool, mtu, a, b),
+            (LinkKind::Devargs, _) => Err("the devargs link in one process needs two ports, joined outside it: give --devargs twice (or once per process with --role)".into()),
+        }
+    }
+
+    /// Two ports from EAL devargs in this process, joined outside it (a
+    /// cable between two NIC ports, or two virtual devices that meet).
+    fn devargs_pair(eal: &Eal, pool: &Mempool, mtu: u16, a: &str, b: &str) -> Result<Link, String> {
+        let a = devargs_port(eal, pool, mtu, a)?;
+        let b = devargs_port(eal, pool, mtu, b)?;
+        for p in [&a, &b] {
+            p.wait_link(Duration::from_secs(10))
+                .map_err(|e| e.to_string())?;
+        }
+        let ch = Channel {
+            a: End { port: a, queue: 0 },
+            b: End { port: b, queue: 0 },
+        };
+        Ok(Link {
+            name: format!(
+                "{} to {}, one queue pair",
+                ch.a.port.name(),
+                ch.b.port.name()
+            ),
+            channels: vec![ch.clone(), ch.clone(), ch],
+            veth: Vec::new(),
+            mtu,
+            shared: true,
+        })
+    }
+
+    /// This process's side of a link to another process: one port whose
+    /// queue pairs are both ends of each channel (the other side's are
+    /// remote). `server`: the side that waits for the other.
+    pub fn side(
+        eal: &Eal,
+        pool: &Mempool,
+        mtu: u16,
+        spec: &SideSpec,
+        server: bool,
+    ) -> Result<Link, String> {
+        match spec {
+            SideSpec::Memif(socket) => Self::memif_side(eal, pool, mtu, socket, server),
+            SideSpec::Devargs(devargs) => {
+                let port = devargs_port(eal, pool, mtu, devargs)?;
+                let end = End { port, queue: 0 };
+                let ch = Channel {
+                    a: end.clone(),
+                    b: end,
+                };
+                Ok(Link {
+                    name: format!("{}, one queue pair, two processes", ch.a.port.name()),
+                    channels: vec![ch.clone(), ch.clone(), ch],
+                    veth: Vec::new(),
+                    mtu,
+                    shared: true,
+                })
+            }
         }
     }
 
     /// This process's side of a memif link to another process: one port
     /// (the memif server or client on `socket`) with three queue pairs. Both
     /// ends of each channel are this port; the other side's are remote.
-    pub fn memif_side(
+    fn memif_side(
         eal: &Eal,
         pool: &Mempool,
         mtu: u16,
@@ -124,6 +205,7 @@ impl Link {
             channels,
             veth: Vec::new(),
             mtu,
+            shared: false,
         })
     }
 }
@@ -170,6 +252,23 @@ fn memif_port(
     .map_err(|e| e.to_string())
 }
 
+/// A port from EAL devargs with one queue pair, sized for frames of `mtu`.
+fn devargs_port(eal: &Eal, pool: &Mempool, mtu: u16, devargs: &str) -> Result<Port, String> {
+    let cfg = PortConfig {
+        mtu: Some(mtu),
+        ..PortConfig::default()
+    };
+    Port::from_devargs(eal, devargs, &cfg, pool).map_err(|e| {
+        let name = devargs.split(',').next().unwrap_or_default();
+        if name.contains(':') && !name.starts_with("net_") {
+            // A PCI address: the usual cause is the kernel driver holding it.
+            format!("{e}; a NIC must be bound to vfio-pci first: `dpdk-devbind.py --bind=vfio-pci {name}` (`dpdk-devbind.py --status` lists them)")
+        } else {
+            e.to_string()
+        }
+    })
+}
+
 fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
     let sock = format!("/tmp/emx-bench-{}.sock", std::process::id());
     let _ = std::fs::remove_file(&sock);
@@ -197,6 +296,7 @@ fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
         channels,
         veth: Vec::new(),
         mtu,
+        shared: false,
     })
 }
 
@@ -254,5 +354,6 @@ fn veth(eal: &Eal, pool: &Mempool, mtu: u16, pmd: VethPmd) -> Result<Link, Strin
         channels,
         veth: pairs,
         mtu,
+        shared: false,
     })
 }

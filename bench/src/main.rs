@@ -9,6 +9,7 @@
 //! `msgrate` (small messages with a window); `sweep` runs them all.
 #![deny(unsafe_code)]
 
+mod chans;
 mod kernel;
 mod link;
 mod netns;
@@ -38,16 +39,26 @@ use session::{Pace, Session, Transport};
 struct Args {
     /// The link: `memif-pair` (two memif ports in this process), `veth`
     /// (veth pairs between network namespaces this program makes and
-    /// removes, over net_af_packet; needs root), or `memif` (between two
-    /// processes: run one with `--role server`, then one with `--role client`).
+    /// removes, over net_af_packet; needs root), `memif` (between two
+    /// processes: run one with `--role server`, then one with `--role
+    /// client`), or `devargs` (ports given by --devargs: a NIC, or any PMD).
     #[arg(long, value_enum, default_value_t = LinkKind::MemifPair)]
     link: LinkKind,
+    /// With `--link devargs`: a port as EAL devargs, such as a NIC's PCI
+    /// address (`0000:3b:00.0`, bound to vfio-pci) or a virtual device
+    /// (`net_memif0,role=server,socket=/tmp/m`). Twice for two ports in this
+    /// process, joined outside it (say, by a cable); once in each of two
+    /// processes with `--role`. The ports use one queue pair, so transports
+    /// take turns on it.
+    #[arg(long, value_name = "DEVARGS")]
+    devargs: Vec<String>,
     /// With `--link veth`: the DPDK driver of its ports, `af-packet` or
     /// `af-xdp` (AF_XDP sockets, generic XDP on a veth).
     #[arg(long, value_enum, default_value_t = link::VethPmd::AfPacket)]
     pmd: link::VethPmd,
-    /// With `--link memif`: `server` runs the echo side and takes orders from
-    /// the client over TCP; `client` runs the tests and prints the results.
+    /// With `--link memif` or `devargs` between two processes: `server` runs
+    /// the echo side and takes orders from the client over TCP; `client` runs
+    /// the tests and prints the results.
     #[arg(long, value_enum)]
     role: Option<Role>,
     /// With `--link memif`: the memif socket both processes use.
@@ -259,18 +270,34 @@ fn run(args: &Args) -> Result<(), String> {
 
     // Before the session pins this thread to one core.
     let cpus = core_affinity::get_core_ids().map_or(0, |c| c.len());
-    let mut session = match (args.link, args.role) {
-        (LinkKind::Memif, Some(Role::Server)) => {
-            return remote::serve(hugepages, args.mtu, &args.socket, &args.listen)
+    if !args.devargs.is_empty() && args.link != LinkKind::Devargs {
+        return Err("--devargs goes with --link devargs".into());
+    }
+    let side = match (args.link, args.devargs.as_slice()) {
+        (LinkKind::Memif, _) => Some(link::SideSpec::Memif(args.socket.clone())),
+        (LinkKind::Devargs, [one]) => Some(link::SideSpec::Devargs(one.clone())),
+        _ => None,
+    };
+    let mut session = match (args.link, args.role, side) {
+        (_, Some(Role::Server), Some(side)) => {
+            return remote::serve(hugepages, args.mtu, &side, &args.listen)
         }
-        (LinkKind::Memif, Some(Role::Client)) => {
-            Session::connect(hugepages, args.mtu, &args.socket, &args.server)?
+        (_, Some(Role::Client), Some(side)) => {
+            Session::connect(hugepages, args.mtu, &side, &args.server)?
         }
-        (LinkKind::Memif, None) => {
+        (LinkKind::Memif, None, _) => {
             return Err("--link memif joins two processes: start one with --role server, then one with --role client".into())
         }
-        (_, Some(_)) => return Err("--role goes with --link memif".into()),
-        (kind, None) => Session::start(kind, hugepages, args.mtu, args.pmd)?,
+        (LinkKind::Devargs, None, Some(_)) => {
+            return Err("one --devargs port is one side of a link: give --devargs twice for two ports in this process, or run two processes with --role server and --role client".into())
+        }
+        (LinkKind::Devargs, Some(_), None) => {
+            return Err("with --role, give this process's one port with --devargs".into())
+        }
+        (_, Some(_), _) => return Err("--role goes with --link memif or --link devargs".into()),
+        (kind, None, _) => {
+            Session::start(kind, hugepages, args.mtu, args.pmd, &args.devargs)?
+        }
     };
     let total: u64 = tests
         .iter()

@@ -1,9 +1,11 @@
 //! The benchmark between two processes: `--role server` runs the echo side
-//! of a memif link and takes its orders over a TCP control connection from
-//! the `--role client` process, which runs the pinger and prints the tables.
+//! of a link (memif, or a port from devargs such as a NIC) and takes its
+//! orders over a TCP control connection from the `--role client` process,
+//! which runs the pinger and prints the tables.
 //!
 //! The control protocol is one JSON object per line, request then answer:
-//! `Hello` (each side's MACs and the MTU), `Command` (switch the echo thread;
+//! `Hello` (each side's MACs, the MTU and whether the channels share one
+//! queue pair), `Command` (switch the echo thread;
 //! answered once it runs the new command), `Stop` (end streams back),
 //! `Counters` (what the echo side received, on its own clock) and `Bye`.
 
@@ -14,13 +16,17 @@ use std::time::{Duration, Instant};
 use dpdk_ffi::HugepageMode;
 use serde::{Deserialize, Serialize};
 
-use crate::link::{End, Link};
-use crate::session::{spawn_echo, start_eal, two_cores, Cmd, Counters};
+use crate::link::{End, Link, SideSpec};
+use crate::session::{await_switch, spawn_echo, start_eal, two_cores, Cmd, Counters};
 
 /// A request from the client.
 #[derive(Debug, Serialize, Deserialize)]
 enum Request {
-    Hello { macs: Vec<[u8; 6]>, mtu: u16 },
+    Hello {
+        macs: Vec<[u8; 6]>,
+        mtu: u16,
+        shared: bool,
+    },
     Command(Cmd),
     Stop,
     Counters,
@@ -44,13 +50,9 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to the server at `addr` (retrying for a few seconds while it
-    /// starts) and trades MACs: ours per channel in, the server's out.
-    pub fn connect(
-        addr: &str,
-        macs: &[[u8; 6]],
-        mtu: u16,
-    ) -> Result<(Client, Vec<[u8; 6]>), String> {
+    /// Connects to the server at `addr`, retrying for a few seconds while it
+    /// starts. It listens once its port is open.
+    pub fn connect(addr: &str) -> Result<Client, String> {
         let t = Instant::now();
         let stream = loop {
             match TcpStream::connect(addr) {
@@ -61,24 +63,35 @@ impl Client {
                 }
                 Err(e) => {
                     return Err(format!(
-                        "cannot reach the emx-bench server at {addr}: {e} (start `emx-bench --link memif --role server` first, or give --server)"
+                        "cannot reach the emx-bench server at {addr}: {e} (start `emx-bench --role server` with the same --link first, or give --server)"
                     ))
                 }
             }
         };
         let _ = stream.set_nodelay(true);
-        let mut c = Client {
+        Ok(Client {
             stream,
             buf: Vec::new(),
-        };
-        match c.call(
+        })
+    }
+
+    /// Trades MACs, ours per channel in, the server's out, and checks that
+    /// both sides run the same link.
+    pub fn hello(
+        &mut self,
+        macs: &[[u8; 6]],
+        mtu: u16,
+        shared: bool,
+    ) -> Result<Vec<[u8; 6]>, String> {
+        match self.call(
             &Request::Hello {
                 macs: macs.to_vec(),
                 mtu,
+                shared,
             },
             &mut || {},
         )? {
-            Answer::Hello { macs } if macs.len() == 3 => Ok((c, macs)),
+            Answer::Hello { macs } if macs.len() == 3 => Ok(macs),
             a => Err(format!("unexpected answer to hello: {a:?}")),
         }
     }
@@ -149,15 +162,20 @@ impl Client {
     }
 }
 
-/// Runs the server side: the memif server port on `socket`, the echo thread,
-/// and the control connection on `listen`, for one client. Returns when the
-/// client says goodbye or goes away.
-pub fn serve(hugepages: HugepageMode, mtu: u16, socket: &str, listen: &str) -> Result<(), String> {
+/// Runs the server side: its port (`side`), the echo thread, and the control
+/// connection on `listen`, for one client. Returns when the client says
+/// goodbye or goes away.
+pub fn serve(
+    hugepages: HugepageMode,
+    mtu: u16,
+    side: &SideSpec,
+    listen: &str,
+) -> Result<(), String> {
     let (eal, pool) = start_eal(hugepages, mtu)?;
-    let link = Link::memif_side(&eal, &pool, mtu, socket, true)?;
+    let link = Link::side(&eal, &pool, mtu, side, true)?;
     let listener = TcpListener::bind(listen)
         .map_err(|e| format!("cannot listen on {listen}: {e} (choose another with --listen)"))?;
-    eprintln!("emx-bench: serving memif on {socket}, control on {listen}");
+    eprintln!("emx-bench: serving {}, control on {listen}", link.name);
     let (stream, peer) = listener.accept().map_err(|e| e.to_string())?;
     let _ = stream.set_nodelay(true);
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
@@ -179,13 +197,27 @@ pub fn serve(hugepages: HugepageMode, mtu: u16, socket: &str, listen: &str) -> R
         v.push(b'\n');
         w.write_all(&v).map_err(|e| e.to_string())
     };
-    let Some(Request::Hello { macs, mtu: theirs }) = read(&mut reader, &mut line)? else {
+    let Some(Request::Hello {
+        macs,
+        mtu: theirs,
+        shared,
+    }) = read(&mut reader, &mut line)?
+    else {
         return Err(format!("{peer} did not say hello"));
     };
-    if theirs != mtu || macs.len() != 3 {
+    if theirs != mtu || macs.len() != 3 || shared != link.shared {
+        let queues = |s: bool| {
+            if s {
+                "one shared queue pair"
+            } else {
+                "a queue pair per channel"
+            }
+        };
         let why = format!(
-            "the client runs MTU {theirs} with {} channels; this server MTU {mtu} with 3",
-            macs.len()
+            "the client runs MTU {theirs} with {} channels on {}; this server MTU {mtu} with 3 on {} (give both the same --link and --mtu)",
+            macs.len(),
+            queues(shared),
+            queues(link.shared),
         );
         answer(&mut writer, &Answer::Failed(why.clone()))?;
         return Err(why);
@@ -197,7 +229,8 @@ pub fn serve(hugepages: HugepageMode, mtu: u16, socket: &str, listen: &str) -> R
     }
     let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
     let (_, echo_core) = two_cores();
-    let (ctl, thread, engines) = spawn_echo(&eal, &pool, &b, &macs, echo_core)?;
+    let (ctl, thread) = spawn_echo(&eal, &pool, &link, &b, &macs, echo_core)?;
+    let mut thread = Some(thread);
     let ours: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
     answer(&mut writer, &Answer::Hello { macs: ours })?;
     let hz = dpdk_ffi::tsc_hz(&eal) as f64;
@@ -210,18 +243,9 @@ pub fn serve(hugepages: HugepageMode, mtu: u16, socket: &str, listen: &str) -> R
         let a = match req {
             Request::Command(cmd) => {
                 let gen = ctl.switch(cmd);
-                let t = Instant::now();
-                loop {
-                    if ctl.switched(gen) {
-                        break Answer::Running(gen);
-                    }
-                    if thread.is_finished() {
-                        break Answer::Failed("the echo thread stopped".into());
-                    }
-                    if t.elapsed() > Duration::from_secs(60) {
-                        break Answer::Failed("the echo thread does not answer".into());
-                    }
-                    std::thread::yield_now();
+                match await_switch(&ctl, gen, &mut thread, &mut || {}) {
+                    Ok(()) => Answer::Running(gen),
+                    Err(e) => Answer::Failed(e),
                 }
             }
             Request::Stop => {
@@ -240,8 +264,11 @@ pub fn serve(hugepages: HugepageMode, mtu: u16, socket: &str, listen: &str) -> R
         }
     };
     ctl.switch(Cmd::Stop);
-    let echo = thread.join().map_err(|_| "the echo thread panicked")?;
-    drop(engines);
+    let echo = match thread {
+        Some(t) => t.join().map_err(|_| "the echo thread panicked")?,
+        // Failed earlier, and said so to the client.
+        None => Ok(()),
+    };
     drop(link);
     result.and(echo)
 }

@@ -16,21 +16,17 @@
 //!   pinger's engine runs a polling thread and is reached through its rings.
 //!   emx buffers come from registered memory, so that sends are zero-copy.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dpdk_ffi::{Burst, Eal, ExtBuf, ExtMem, HugepageMode, Mbuf, Mempool, RxQueue, TxQueue};
-use emx::io::DpdkIo;
+use dpdk_ffi::{Burst, Eal, ExtMem, HugepageMode, Mbuf, Mempool, RxQueue};
 use emx::proto::Addr;
-use emx::runtime::{
-    Endpoint, Engine, EngineConfig, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf, Request,
-    SendBuf,
-};
+use emx::runtime::ProgressMode;
 use hdrhistogram::Histogram;
 
-use crate::link::{End, Link, LinkKind, EMX_INLINE, EMX_THREAD, RAW};
+use crate::chans::{channel, Chans};
+use crate::link::{End, Link, LinkKind, SideSpec, RAW};
 use crate::raw;
 
 /// EtherType of raw benchmark frames (emx uses 0x88B5).
@@ -82,6 +78,12 @@ pub(crate) enum Cmd {
     /// Sleep, leaving the core to others (kernel baselines).
     Pause,
     Stop,
+    /// Close every channel and drain the shared queue pair.
+    Close,
+    /// Open channel `chan` (see [`crate::link::RAW`]).
+    Open {
+        chan: usize,
+    },
     /// Echo raw messages of `frames` frames.
     RawPong {
         frames: u32,
@@ -228,180 +230,6 @@ impl Pace {
     }
 }
 
-/// A message buffer of the benchmark: registered memory, or nothing for
-/// zero-byte messages (registered ranges are never empty).
-enum Mem {
-    Ext(ExtBuf),
-    Empty,
-}
-
-impl From<SendBuf> for Mem {
-    fn from(b: SendBuf) -> Mem {
-        match b {
-            SendBuf::Registered(b) => Mem::Ext(b),
-            SendBuf::Owned(_) => Mem::Empty,
-        }
-    }
-}
-
-impl From<RecvBuf> for Mem {
-    fn from(b: RecvBuf) -> Mem {
-        match b {
-            RecvBuf::Registered(b) => Mem::Ext(b),
-            _ => Mem::Empty,
-        }
-    }
-}
-
-impl Mem {
-    fn send(self) -> SendBuf {
-        match self {
-            Mem::Ext(b) => SendBuf::Registered(b),
-            Mem::Empty => SendBuf::Owned(Vec::new()),
-        }
-    }
-    fn recv(self) -> RecvBuf {
-        match self {
-            Mem::Ext(b) => RecvBuf::Registered(b),
-            Mem::Empty => RecvBuf::Owned(Vec::new()),
-        }
-    }
-}
-
-/// emx state of one side: an endpoint and its registered buffers.
-struct EmxSide {
-    ep: Endpoint,
-    peer: Addr,
-    region: ExtMem,
-    free: Vec<Mem>,
-    size: usize,
-    posted: VecDeque<Request>,
-    sends: VecDeque<Request>,
-}
-
-impl EmxSide {
-    fn new(ep: Endpoint, peer: Addr, region: ExtMem) -> EmxSide {
-        EmxSide {
-            ep,
-            peer,
-            region,
-            free: Vec::new(),
-            size: usize::MAX,
-            posted: VecDeque::new(),
-            sends: VecDeque::new(),
-        }
-    }
-
-    /// Makes sure `n` free buffers of `size` bytes exist (all requests must be done).
-    fn buffers(&mut self, size: usize, n: usize) -> Result<(), String> {
-        if self.size != size {
-            self.free.clear();
-            self.size = size;
-        }
-        while self.free.len() < n {
-            if size == 0 {
-                self.free.push(Mem::Empty);
-                continue;
-            }
-            let b = self
-                .region
-                .alloc(size, 64)
-                .map_err(|e| format!("registered memory for {n} x {size} B: {e}"))?;
-            self.free.push(Mem::Ext(b));
-        }
-        Ok(())
-    }
-
-    fn post(&mut self, tag: u64) -> bool {
-        let Some(b) = self.free.pop() else {
-            return false;
-        };
-        match self.ep.irecv(Some(self.peer), tag, u64::MAX, b.recv()) {
-            Ok(r) => {
-                self.posted.push_back(r);
-                true
-            }
-            Err(r) => {
-                self.free.push(r.buf.into());
-                false
-            }
-        }
-    }
-
-    fn send(&mut self, tag: u64) -> bool {
-        let Some(b) = self.free.pop() else {
-            return false;
-        };
-        self.send_buf(tag, b)
-    }
-
-    fn send_buf(&mut self, tag: u64, b: Mem) -> bool {
-        match self.ep.isend(self.peer, tag, b.send()) {
-            Ok(s) => {
-                self.sends.push_back(s);
-                true
-            }
-            Err(r) => {
-                self.free.push(r.buf.into());
-                false
-            }
-        }
-    }
-
-    /// The oldest receive, if finished: its buffer and length.
-    fn recv_done(&mut self) -> Result<Option<(Mem, u64)>, String> {
-        let Some(&r) = self.posted.front() else {
-            return Ok(None);
-        };
-        let Some(c) = self.ep.test(r).map_err(|e| e.to_string())? else {
-            return Ok(None);
-        };
-        self.posted.pop_front();
-        let (b, info) = c.into_recv().map_err(|e| e.to_string())?;
-        Ok(Some((b.into(), info.msg_len)))
-    }
-
-    /// Takes finished sends (in order); returns how many.
-    fn sends_done(&mut self) -> Result<usize, String> {
-        let mut n = 0;
-        while let Some(&s) = self.sends.front() {
-            let Some(c) = self.ep.test(s).map_err(|e| e.to_string())? else {
-                break;
-            };
-            self.sends.pop_front();
-            self.free
-                .push(c.into_send().map_err(|e| e.to_string())?.into());
-            n += 1;
-        }
-        Ok(n)
-    }
-
-    /// Ends a measurement: cancels the receives still posted and waits for
-    /// every send (the peer is still answering).
-    fn quiesce(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for r in std::mem::take(&mut self.posted) {
-            let _ = self.ep.cancel(r);
-            let c = self.ep.wait(r).map_err(|e| e.to_string())?;
-            if let emx::runtime::Buf::Recv(b) = c.buf {
-                self.free.push(b.into());
-            }
-        }
-        while !self.sends.is_empty() {
-            self.ep.progress();
-            self.sends_done()?;
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{} emx sends to {:?} did not finish within 30 s",
-                    self.sends.len(),
-                    self.peer
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// A running session.
 pub struct Session {
     /// The link's name.
@@ -414,40 +242,11 @@ pub struct Session {
     cores: (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>),
     control: Control,
     pool: Mempool,
-    raw: (RxQueue, TxQueue),
     raw_hdr: [u8; 14],
-    emx: [EmxSide; 2],
-    _engines: Vec<Engine>,
+    chans: Chans,
     // Dropped last: the namespaces of a veth link go after the ports.
     link: Link,
     _eal: Eal,
-}
-
-fn engine(
-    end: &End,
-    pool: &Mempool,
-    node: u16,
-    peer: (u16, [u8; 6]),
-    progress: ProgressMode,
-) -> Result<(Engine, Endpoint), String> {
-    let cfg = EngineConfig {
-        progress,
-        peers: vec![PeerConfig {
-            node: peer.0,
-            endpoint: 0,
-            mac: peer.1,
-        }],
-        // Each side's engine sits undriven while other transports run.
-        protocol: ProtocolConfig {
-            peer_timeout_us: Some(30_000_000),
-            ..ProtocolConfig::default()
-        },
-        ..EngineConfig::new(node)
-    };
-    let io = DpdkIo::new(&end.port, end.queue, pool).map_err(|e| e.to_string())?;
-    let mut engine = Engine::start(&cfg, io).map_err(|e| e.to_string())?;
-    let ep = engine.endpoint().map_err(|e| e.to_string())?;
-    Ok((engine, ep))
 }
 
 /// An mbuf data room that holds a whole frame of this MTU in one segment.
@@ -461,35 +260,28 @@ fn data_room(mtu: u16) -> u16 {
 pub(crate) fn spawn_echo(
     eal: &Eal,
     pool: &Mempool,
+    link: &Link,
     b: &[End],
     a_macs: &[[u8; 6]],
     core: Option<core_affinity::CoreId>,
-) -> Result<(Arc<Ctl>, EchoThread, Vec<Engine>), String> {
+) -> Result<(Arc<Ctl>, EchoThread), String> {
     let ctl = Ctl::new();
-    let raw_b = &b[RAW];
-    let rx = raw_b
-        .port
-        .rx_queue(raw_b.queue)
-        .map_err(|e| e.to_string())?;
-    let tx = raw_b
-        .port
-        .tx_queue(raw_b.queue)
-        .map_err(|e| e.to_string())?;
     let region = ExtMem::new(eal, REGION).map_err(|e| e.to_string())?;
-    let mut sides = Vec::new();
-    let mut engines = Vec::new();
-    for c in [EMX_INLINE, EMX_THREAD] {
-        let (g, ep) = engine(&b[c], pool, 2, (1, a_macs[c]), ProgressMode::Inline)?;
-        engines.push(g);
-        sides.push(EmxSide::new(ep, PINGER, region.clone()));
-    }
-    let ffi = (raw_b.port.id(), raw_b.queue);
+    let chans = Chans::new(
+        b.to_vec(),
+        a_macs.to_vec(),
+        pool.clone(),
+        region,
+        ECHO.node,
+        PINGER.node,
+        [ProgressMode::Inline, ProgressMode::Inline],
+        link.shared,
+    );
     let (eal, pool, ctl2) = (eal.clone(), pool.clone(), ctl.clone());
     let mut hdr = [0u8; 14];
     hdr[0..6].copy_from_slice(&a_macs[RAW]);
-    hdr[6..12].copy_from_slice(&raw_b.port.mac());
+    hdr[6..12].copy_from_slice(&b[RAW].port.mac());
     hdr[12..14].copy_from_slice(&RAW_ETHERTYPE.to_be_bytes());
-    let sides: [EmxSide; 2] = sides.try_into().map_err(|_| "two echo endpoints")?;
     let thread = std::thread::Builder::new()
         .name("echo".into())
         .spawn(move || {
@@ -500,16 +292,44 @@ pub(crate) fn spawn_echo(
             Echo {
                 ctl: ctl2,
                 pool,
-                rx,
-                tx,
                 hdr,
-                ffi,
-                emx: sides,
+                chans,
             }
             .run()
         })
         .map_err(|e| e.to_string())?;
-    Ok((ctl, thread, engines))
+    Ok((ctl, thread))
+}
+
+/// Waits until the echo thread runs command `gen`, calling `drive` meanwhile.
+/// When the thread has stopped, joins it (it is gone afterwards) and returns
+/// why it stopped.
+pub(crate) fn await_switch(
+    ctl: &Ctl,
+    gen: u64,
+    thread: &mut Option<EchoThread>,
+    drive: &mut dyn FnMut(),
+) -> Result<(), String> {
+    let t = Instant::now();
+    while !ctl.switched(gen) {
+        match thread.take() {
+            Some(h) if h.is_finished() => {
+                return Err(match h.join() {
+                    Ok(Err(e)) => format!("the echo thread stopped: {e}"),
+                    Ok(Ok(())) => "the echo thread stopped".into(),
+                    Err(_) => "the echo thread panicked".into(),
+                })
+            }
+            None => return Err("the echo thread stopped".into()),
+            h => *thread = h,
+        }
+        drive();
+        if t.elapsed() > Duration::from_secs(60) {
+            return Err("the echo thread does not answer".into());
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
 }
 
 /// The echo thread.
@@ -554,13 +374,14 @@ impl Session {
         hugepages: HugepageMode,
         mtu: u16,
         pmd: crate::link::VethPmd,
+        devargs: &[String],
     ) -> Result<Session, String> {
         let (eal, pool) = start_eal(hugepages, mtu)?;
-        let link = Link::open(kind, &eal, &pool, mtu, pmd)?;
+        let link = Link::open(kind, &eal, &pool, mtu, pmd, devargs)?;
         let (ping_core, echo_core) = two_cores();
         let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
         let a_macs: Vec<[u8; 6]> = link.channels.iter().map(|c| c.a.port.mac()).collect();
-        let (ctl, thread, engines) = spawn_echo(&eal, &pool, &b, &a_macs, echo_core)?;
+        let (ctl, thread) = spawn_echo(&eal, &pool, &link, &b, &a_macs, echo_core)?;
         let a: Vec<End> = link.channels.iter().map(|c| c.a.clone()).collect();
         let b_macs: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
         Session::pinger(
@@ -574,7 +395,6 @@ impl Session {
                 thread: Some(thread),
             },
             (ping_core, echo_core),
-            engines,
         )
     }
 
@@ -583,14 +403,17 @@ impl Session {
     pub fn connect(
         hugepages: HugepageMode,
         mtu: u16,
-        socket: &str,
+        side: &SideSpec,
         server: &str,
     ) -> Result<Session, String> {
         let (eal, pool) = start_eal(hugepages, mtu)?;
-        let link = Link::memif_side(&eal, &pool, mtu, socket, false)?;
+        // The server opens its port before it listens, so that ours (a
+        // memif client, say) finds it.
+        let mut client = crate::remote::Client::connect(server)?;
+        let link = Link::side(&eal, &pool, mtu, side, false)?;
         let a: Vec<End> = link.channels.iter().map(|c| c.a.clone()).collect();
         let a_macs: Vec<[u8; 6]> = a.iter().map(|e| e.port.mac()).collect();
-        let (client, b_macs) = crate::remote::Client::connect(server, &a_macs, mtu)?;
+        let b_macs = client.hello(&a_macs, mtu, link.shared)?;
         a[RAW]
             .port
             .wait_link(Duration::from_secs(10))
@@ -604,11 +427,9 @@ impl Session {
             &b_macs,
             Control::Remote(client),
             (ping_core, None),
-            Vec::new(),
         )
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn pinger(
         eal: Eal,
         pool: Mempool,
@@ -617,67 +438,63 @@ impl Session {
         b_macs: &[[u8; 6]],
         control: Control,
         cores: (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>),
-        mut engines: Vec<Engine>,
     ) -> Result<Session, String> {
         let ping_core = cores.0;
         if let Some(c) = ping_core {
             core_affinity::set_for_current(c);
         }
-        let raw_a = &a[RAW];
-        let raw = (
-            raw_a
-                .port
-                .rx_queue(raw_a.queue)
-                .map_err(|e| e.to_string())?,
-            raw_a
-                .port
-                .tx_queue(raw_a.queue)
-                .map_err(|e| e.to_string())?,
-        );
         let mut raw_hdr = [0u8; 14];
         raw_hdr[0..6].copy_from_slice(&b_macs[RAW]);
-        raw_hdr[6..12].copy_from_slice(&raw_a.port.mac());
+        raw_hdr[6..12].copy_from_slice(&a[RAW].port.mac());
         raw_hdr[12..14].copy_from_slice(&RAW_ETHERTYPE.to_be_bytes());
         let region = ExtMem::new(&eal, REGION).map_err(|e| e.to_string())?;
-        let mtu = link.mtu;
-        let (g1, e1) = engine(
-            &a[EMX_INLINE],
-            &pool,
-            1,
-            (2, b_macs[EMX_INLINE]),
-            ProgressMode::Inline,
-        )?;
         // The polling thread shares the pinger's core: the echo thread spins
         // on the other one. The pinger parks while it waits.
-        let (g2, e2) = engine(
-            &a[EMX_THREAD],
-            &pool,
-            1,
-            (2, b_macs[EMX_THREAD]),
-            ProgressMode::Thread {
-                core: ping_core.map(|c| c.id),
-                spin: false,
-            },
-        )?;
-        engines.extend([g1, g2]);
+        let thread = ProgressMode::Thread {
+            core: ping_core.map(|c| c.id),
+            spin: false,
+        };
+        let chans = Chans::new(
+            a.to_vec(),
+            b_macs.to_vec(),
+            pool.clone(),
+            region,
+            PINGER.node,
+            ECHO.node,
+            [ProgressMode::Inline, thread],
+            link.shared,
+        );
         Ok(Session {
             link_name: link.name.clone(),
             hugepages: eal.uses_hugepages(),
-            mtu,
+            mtu: link.mtu,
             hz: dpdk_ffi::tsc_hz(&eal) as f64,
             cores,
             control,
             pool,
-            raw,
             raw_hdr,
-            emx: [
-                EmxSide::new(e1, ECHO, region.clone()),
-                EmxSide::new(e2, ECHO, region),
-            ],
-            _engines: engines,
+            chans,
             link,
             _eal: eal,
         })
+    }
+
+    /// Opens the channel of transport `t` on both sides. On a shared link,
+    /// first closes the others on both sides and drains what they left.
+    fn open(&mut self, t: Transport) -> Result<(), String> {
+        let c = channel(t);
+        if self.chans.is_open(c) {
+            return Ok(());
+        }
+        if self.chans.shared {
+            self.chans.close_all();
+            self.command(Cmd::Close)?;
+            // The echo side's closed engines sent their last frames before
+            // it answered.
+            self.chans.drain()?;
+        }
+        self.command(Cmd::Open { chan: c })?;
+        self.chans.open(c)
     }
 
     /// The veth pair of the raw channel, for kernel baselines.
@@ -701,29 +518,15 @@ impl Session {
 
     /// Tells the echo side what to do next and waits until it does.
     fn command(&mut self, cmd: Cmd) -> Result<u64, String> {
-        let emx = &mut self.emx;
+        let chans = &mut self.chans;
         // Keep our engines answering while the echo side finishes the last
         // command (its sends wait for our acknowledgements).
-        let mut drive = || {
-            for s in emx.iter_mut() {
-                s.ep.progress();
-            }
-        };
+        let mut drive = || chans.progress();
         match &mut self.control {
             Control::Remote(c) => c.command(cmd, &mut drive),
             Control::Local { ctl, thread } => {
                 let gen = ctl.switch(cmd);
-                let t = Instant::now();
-                while !ctl.switched(gen) {
-                    if thread.as_ref().is_none_or(|h| h.is_finished()) {
-                        return Err("the echo thread stopped".into());
-                    }
-                    drive();
-                    if t.elapsed() > Duration::from_secs(60) {
-                        return Err("the echo thread does not answer".into());
-                    }
-                    std::thread::yield_now();
-                }
+                await_switch(ctl, gen, thread, &mut drive)?;
                 Ok(gen)
             }
         }
@@ -771,6 +574,7 @@ impl Session {
     ) -> Result<Histogram<u64>, String> {
         let mut hist =
             Histogram::<u64>::new_with_bounds(1, 100_000_000_000, 3).map_err(|e| e.to_string())?;
+        self.open(t)?;
         match t {
             Transport::Raw => {
                 let frames = self.raw_frames(size);
@@ -788,7 +592,7 @@ impl Session {
                 self.command(Cmd::FfiPong)?;
                 let mut frame = vec![0u8; (RAW_HDR + size).max(60)];
                 frame[..14].copy_from_slice(&self.raw_hdr);
-                let (port, queue) = (self.raw.1.port_id(), self.raw.1.queue_id());
+                let (port, queue) = self.chans.raw_ids();
                 let pool = self.pool.clone();
                 self.measure(pace, &mut hist, |_| {
                     if raw::ping(port, queue, &pool, &frame) {
@@ -801,9 +605,9 @@ impl Session {
             Transport::Emx | Transport::EmxThread => {
                 let ep = usize::from(t == Transport::EmxThread);
                 let gen = self.command(Cmd::EmxPong { ep, size })?;
-                self.emx[ep].buffers(size, 2)?;
+                self.chans.side(ep).buffers(size, 2)?;
                 self.measure(pace, &mut hist, |s| s.emx_ping(ep, gen))?;
-                self.emx[ep].quiesce()?;
+                self.chans.side(ep).quiesce()?;
             }
             Transport::Udp | Transport::Tcp => {
                 return Err("kernel transports are measured by crate::kernel".into())
@@ -846,7 +650,7 @@ impl Session {
     /// One raw round trip of `frames` frames; `false` when a frame was lost.
     fn raw_ping(&mut self, iter: u32, size: usize, frames: u32) -> Result<bool, String> {
         let per = usize::from(self.mtu) - 8;
-        let (rx, tx) = (&mut self.raw.0, &mut self.raw.1);
+        let (rx, tx) = self.chans.raw();
         let mut burst: Burst = Burst::new();
         let mut sent = 0u32;
         while sent < frames {
@@ -879,7 +683,7 @@ impl Session {
 
     /// One emx round trip: post the reply's receive, send, wait for both.
     fn emx_ping(&mut self, ep: usize, tag: u64) -> Result<bool, String> {
-        let s = &mut self.emx[ep];
+        let s = self.chans.side(ep);
         if !s.post(tag) || !s.send(tag) {
             return Err("emx refused a request".into());
         }
@@ -916,6 +720,7 @@ impl Session {
         bidir: bool,
         pace: Pace,
     ) -> Result<Stream, String> {
+        self.open(t)?;
         let mine = match t {
             Transport::Raw => self.raw_stream(size, bidir, pace)?,
             Transport::Emx | Transport::EmxThread => {
@@ -973,9 +778,10 @@ impl Session {
                 let m = raw_frame(&self.pool, &self.raw_hdr, 0, len as u32, len)?;
                 let _ = burst.push(m);
             }
-            n += self.raw.1.tx_burst(&mut burst) as u64;
+            let (rx, tx) = self.chans.raw();
+            n += tx.tx_burst(&mut burst) as u64;
             if bidir {
-                count_raw(&mut self.raw.0, &mut inb, &mut got);
+                count_raw(rx, &mut inb, &mut got);
             }
         }
         drop(burst);
@@ -983,7 +789,7 @@ impl Session {
         let mut err = None;
         settle(|| {
             if bidir {
-                count_raw(&mut self.raw.0, &mut inb, &mut got);
+                count_raw(&mut self.chans.raw().0, &mut inb, &mut got);
             }
             let theirs = self.counters().map_or_else(
                 |e| {
@@ -1011,7 +817,7 @@ impl Session {
             depth: window,
             back: bidir,
         })?;
-        let s = &mut self.emx[ep];
+        let s = self.chans.side(ep);
         s.buffers(size, if bidir { 2 * window } else { window })?;
         let mut got = (Stream::default(), 0u64, 0u64);
         let end = Instant::now() + pace.warmup + pace.time;
@@ -1061,7 +867,7 @@ impl Session {
         loop {
             let c = self.counters()?;
             let (theirs, back_done, back) = (c.msgs, c.back_done, c.sent_back);
-            let s = &mut self.emx[ep];
+            let s = self.chans.side(ep);
             if theirs >= n && (!bidir || (back_done && got.0.msgs >= back)) {
                 break;
             }
@@ -1084,7 +890,7 @@ impl Session {
                 std::thread::yield_now();
             }
         }
-        self.emx[ep].quiesce()?;
+        self.chans.side(ep).quiesce()?;
         Ok(got)
     }
 
@@ -1176,11 +982,8 @@ fn frame_iter(m: &Mbuf) -> Option<u32> {
 struct Echo {
     ctl: Arc<Ctl>,
     pool: Mempool,
-    rx: RxQueue,
-    tx: TxQueue,
     hdr: [u8; 14],
-    ffi: (u16, u16),
-    emx: [EmxSide; 2],
+    chans: Chans,
 }
 
 impl Echo {
@@ -1196,7 +999,7 @@ impl Echo {
             let g = self.ctl.gen.load(Ordering::Acquire);
             if g != seen {
                 // Finish the previous command, then take the next.
-                for s in &mut self.emx {
+                for s in self.chans.sides() {
                     s.quiesce()?;
                 }
                 seen = g;
@@ -1214,31 +1017,39 @@ impl Echo {
                 }
                 self.ctl.back_done.store(false, Ordering::Relaxed);
                 self.ctl.stop.store(false, Ordering::Relaxed);
-                if let Cmd::EmxPong { ep, size } = cmd {
-                    self.emx[ep].buffers(size, 4)?;
-                }
-                if let Cmd::EmxSink {
-                    ep, size, depth, ..
-                } = cmd
-                {
-                    self.emx[ep].buffers(size, 2 * depth)?;
+                match cmd {
+                    Cmd::Close => {
+                        self.chans.close_all();
+                        // The pinger closed first: what it sent is here.
+                        self.chans.drain()?;
+                    }
+                    Cmd::Open { chan } => self.chans.open(chan)?,
+                    Cmd::EmxPong { ep, size } => self.chans.side(ep).buffers(size, 4)?,
+                    Cmd::EmxSink {
+                        ep, size, depth, ..
+                    } => self.chans.side(ep).buffers(size, 2 * depth)?,
+                    _ => {}
                 }
                 self.ctl.running.store(g, Ordering::Release);
             }
             match cmd {
                 Cmd::Stop => return Ok(()),
                 Cmd::Pause => std::thread::sleep(Duration::from_micros(200)),
-                Cmd::Idle => {
-                    for s in &mut self.emx {
-                        s.ep.progress();
-                    }
+                Cmd::Idle | Cmd::Close | Cmd::Open { .. } => {
+                    self.chans.progress();
                     // Drop stray raw frames.
-                    self.rx.rx_burst(&mut inb);
-                    inb.clear();
+                    if let Some((rx, _)) = self.chans.raw_if_open() {
+                        rx.rx_burst(&mut inb);
+                        inb.clear();
+                    }
                 }
-                Cmd::FfiPong => raw::echo_step(self.ffi.0, self.ffi.1),
+                Cmd::FfiPong => {
+                    let (port, queue) = self.chans.raw_ids();
+                    raw::echo_step(port, queue);
+                }
                 Cmd::RawPong { frames } => {
-                    if self.rx.rx_burst(&mut inb) == 0 {
+                    let (rx, tx) = self.chans.raw();
+                    if rx.rx_burst(&mut inb) == 0 {
                         continue;
                     }
                     for m in inb.drain() {
@@ -1252,7 +1063,7 @@ impl Echo {
                             let mut m = m;
                             let d = m.data_mut().map_err(|e| e.to_string())?;
                             d[..14].copy_from_slice(&self.hdr);
-                            while let Err(back) = self.tx.tx_one(m) {
+                            while let Err(back) = tx.tx_one(m) {
                                 m = back;
                             }
                             cur.1 = 0;
@@ -1267,13 +1078,13 @@ impl Echo {
                                     raw_frame(&self.pool, &self.hdr, cur.0, 0, per_len - RAW_HDR)?;
                                 let _ = out.push(m);
                             }
-                            sent += self.tx.tx_burst(&mut out) as u32;
+                            sent += tx.tx_burst(&mut out) as u32;
                         }
                         cur.1 = 0;
                     }
                 }
                 Cmd::EmxPong { ep, .. } => {
-                    let s = &mut self.emx[ep];
+                    let s = self.chans.side(ep);
                     if s.posted.is_empty() {
                         s.post(gen);
                     }
@@ -1285,7 +1096,8 @@ impl Echo {
                     s.sends_done()?;
                 }
                 Cmd::RawSink { back } => {
-                    let n = self.rx.rx_burst(&mut inb);
+                    let (rx, tx) = self.chans.raw();
+                    let n = rx.rx_burst(&mut inb);
                     if n > 0 {
                         let bytes: usize = inb.iter().map(|m| stream_len(m) as usize).sum();
                         inb.clear();
@@ -1307,7 +1119,7 @@ impl Echo {
                                 };
                                 let _ = out.push(m);
                             }
-                            self.tx.tx_burst(&mut out);
+                            tx.tx_burst(&mut out);
                         } else {
                             out.clear();
                         }
@@ -1316,7 +1128,7 @@ impl Echo {
                 Cmd::EmxSink {
                     ep, depth, back, ..
                 } => {
-                    let s = &mut self.emx[ep];
+                    let s = self.chans.side(ep);
                     while s.posted.len() < depth && s.post(gen) {}
                     if back && !self.ctl.stop.load(Ordering::Acquire) {
                         while s.sends.len() < depth && s.send(gen) {

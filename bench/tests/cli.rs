@@ -1,7 +1,8 @@
 //! emx-bench as a user runs it: each test type briefly on the memif pair with
 //! well-formed, consistent JSON; the chart; the veth link with the kernel
 //! baselines, and its namespaces removed afterwards, also when interrupted;
-//! bad options that name the fix.
+//! two processes over memif and over devargs ports; bad options that name
+//! the fix.
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -289,24 +290,21 @@ fn veth_interrupted_removes_its_namespaces() {
     assert!(namespaces_of(pid).is_empty(), "namespaces removed");
 }
 
-#[test]
-fn memif_between_two_processes() {
-    let sock = format!("/tmp/emx-bench-test-{}.sock", std::process::id());
+/// Runs a `--role server` process with `server_args` and a client with
+/// `client_args` (latency and bibw at 64 B and 100 KiB); returns the client's report.
+fn two_processes(server_args: &[&str], client_args: &[&str]) -> Value {
     let addr = format!("127.0.0.1:{}", 20_000 + std::process::id() % 20_000);
     let server = Command::new(BIN)
-        .args(["--link", "memif", "--role", "server", "--socket", &sock])
-        .args(["--listen", &addr])
+        .args(server_args)
+        .args(["--role", "server", "--listen", &addr])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let r = json(&[
-        "--link",
-        "memif",
+    let mut args = client_args.to_vec();
+    args.extend([
         "--role",
         "client",
-        "--socket",
-        &sock,
         "--server",
         &addr,
         "--test",
@@ -314,6 +312,7 @@ fn memif_between_two_processes() {
         "--sizes",
         "64,100K",
     ]);
+    let r = json(&args);
     let out = server.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -327,6 +326,106 @@ fn memif_between_two_processes() {
         }
     }
     assert!(r["link"].as_str().unwrap().contains("two processes"));
+    r
+}
+
+#[test]
+fn memif_between_two_processes() {
+    let sock = format!("/tmp/emx-bench-test-{}.sock", std::process::id());
+    let link = ["--link", "memif", "--socket", &sock];
+    two_processes(&link, &link);
+}
+
+/// `--link devargs` takes any port DPDK probes; memif ones stand in for a NIC
+/// here. Its one queue pair is shared: every transport takes its turn on it.
+#[test]
+fn devargs_between_two_processes() {
+    let sock = format!("/tmp/emx-bench-dv2-{}.sock", std::process::id());
+    let server = format!("net_memif0,role=server,socket={sock}");
+    let client = format!("net_memif0,role=client,socket={sock}");
+    let r = two_processes(
+        &["--link", "devargs", "--devargs", &server],
+        &["--link", "devargs", "--devargs", &client],
+    );
+    assert!(
+        r["link"].as_str().unwrap().contains("one queue pair"),
+        "{r}"
+    );
+}
+
+/// Two devargs ports in one process, every test type and transport taking
+/// turns on the shared queue pair.
+#[test]
+fn devargs_pair_in_one_process() {
+    let sock = format!("/tmp/emx-bench-dv1-{}.sock", std::process::id());
+    let a = format!("net_memif0,role=server,socket={sock}");
+    let b = format!("net_memif1,role=client,socket={sock}");
+    let r = json(&[
+        "--link",
+        "devargs",
+        "--devargs",
+        &a,
+        "--devargs",
+        &b,
+        "--test",
+        "sweep",
+        "--sizes",
+        "8,100K",
+        "--transports",
+        "raw,ffi,emx,emx-thread",
+    ]);
+    assert!(
+        r["link"].as_str().unwrap().contains("one queue pair"),
+        "{r}"
+    );
+    for test in ["latency", "bandwidth", "bibw", "msgrate"] {
+        let rows = check_rows(&r, test);
+        for t in ["raw", "emx", "emx-thread"] {
+            assert!(!sizes_of(&rows, t).is_empty(), "{test} {t}");
+        }
+    }
+    assert_eq!(sizes_of(&check_rows(&r, "latency"), "ffi"), [8]);
+}
+
+#[test]
+fn devargs_mistakes_name_the_fix() {
+    let err = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = err(&["--link", "devargs", "--devargs", "net_memif0"]);
+    assert!(e.contains("--devargs twice") && e.contains("--role"), "{e}");
+    let e = err(&["--devargs", "net_memif0"]);
+    assert!(e.contains("--link devargs"), "{e}");
+    let e = err(&["--link", "devargs", "--role", "client"]);
+    assert!(e.contains("--devargs"), "{e}");
+    let e = err(&[
+        "--link",
+        "devargs",
+        "--devargs",
+        "net_bogus0",
+        "--devargs",
+        "net_memif1",
+        "--hugepages",
+        "never",
+    ]);
+    assert!(
+        e.contains("no DPDK driver") && e.contains("net_bogus"),
+        "{e}"
+    );
+    // A PCI address nothing answers at: the fix is binding the NIC.
+    let e = err(&[
+        "--link",
+        "devargs",
+        "--devargs",
+        "0000:ff:1f.7",
+        "--devargs",
+        "net_memif1",
+        "--hugepages",
+        "never",
+    ]);
+    assert!(e.contains("vfio-pci"), "{e}");
 }
 
 #[test]

@@ -1,0 +1,386 @@
+//! The transports of one side of a session, opened when first used: the raw
+//! queue pair and two emx engines (inline progress, and the pinger's polling
+//! thread), each on its channel of the link. On a link whose channels are one
+//! queue pair ([`Link::shared`](crate::link::Link)), only one of them is open
+//! at a time: the session closes the others on both sides first, and drains
+//! what the closed ones left in flight, so that a new engine never sees
+//! frames of an old one.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use dpdk_ffi::{Burst, ExtBuf, ExtMem, Mempool, RxQueue, TxQueue};
+use emx::io::DpdkIo;
+use emx::proto::Addr;
+use emx::runtime::{
+    Endpoint, Engine, EngineConfig, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf, Request,
+    SendBuf,
+};
+
+use crate::link::{End, EMX_INLINE, EMX_THREAD, RAW};
+use crate::session::Transport;
+
+/// The channel a transport runs on.
+pub(crate) fn channel(t: Transport) -> usize {
+    match t {
+        Transport::Emx => EMX_INLINE,
+        Transport::EmxThread => EMX_THREAD,
+        // ffi uses the raw queue pair's ids; udp and tcp use none.
+        Transport::Raw | Transport::Ffi | Transport::Udp | Transport::Tcp => RAW,
+    }
+}
+
+/// An open emx channel: the endpoint and its buffers, then the engine (dropped
+/// after the endpoint).
+struct EmxChan {
+    side: EmxSide,
+    _engine: Engine,
+}
+
+/// One side's transports.
+pub(crate) struct Chans {
+    /// This side's end of each channel.
+    ends: Vec<End>,
+    /// The other side's MAC on each channel.
+    peer_macs: Vec<[u8; 6]>,
+    pool: Mempool,
+    region: ExtMem,
+    node: u16,
+    peer_node: u16,
+    /// How the engine of each emx channel makes progress.
+    modes: [ProgressMode; 2],
+    /// Whether the channels are one queue pair.
+    pub(crate) shared: bool,
+    raw: Option<(RxQueue, TxQueue)>,
+    emx: [Option<EmxChan>; 2],
+}
+
+impl Chans {
+    /// Nothing open yet.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        ends: Vec<End>,
+        peer_macs: Vec<[u8; 6]>,
+        pool: Mempool,
+        region: ExtMem,
+        node: u16,
+        peer_node: u16,
+        modes: [ProgressMode; 2],
+        shared: bool,
+    ) -> Chans {
+        Chans {
+            ends,
+            peer_macs,
+            pool,
+            region,
+            node,
+            peer_node,
+            modes,
+            shared,
+            raw: None,
+            emx: [None, None],
+        }
+    }
+
+    /// Whether channel `c` is open.
+    pub(crate) fn is_open(&self, c: usize) -> bool {
+        if c == RAW {
+            self.raw.is_some()
+        } else {
+            self.emx[c - EMX_INLINE].is_some()
+        }
+    }
+
+    /// Opens channel `c` (a no-op when open).
+    pub(crate) fn open(&mut self, c: usize) -> Result<(), String> {
+        if self.is_open(c) {
+            return Ok(());
+        }
+        let end = &self.ends[c];
+        if c == RAW {
+            self.raw = Some((
+                end.port.rx_queue(end.queue).map_err(|e| e.to_string())?,
+                end.port.tx_queue(end.queue).map_err(|e| e.to_string())?,
+            ));
+            return Ok(());
+        }
+        let i = c - EMX_INLINE;
+        let (engine, ep) = engine(
+            end,
+            &self.pool,
+            self.node,
+            (self.peer_node, self.peer_macs[c]),
+            self.modes[i].clone(),
+        )?;
+        self.emx[i] = Some(EmxChan {
+            side: EmxSide::new(ep, Addr::new(self.peer_node, 0), self.region.clone()),
+            _engine: engine,
+        });
+        Ok(())
+    }
+
+    /// Closes every channel (their requests must be done: see [`EmxSide::quiesce`]).
+    pub(crate) fn close_all(&mut self) {
+        self.raw = None;
+        self.emx = [None, None];
+    }
+
+    /// Drops what waits on the shared queue pair until it stays quiet for a
+    /// millisecond: frames that closed transports left in flight.
+    pub(crate) fn drain(&mut self) -> Result<(), String> {
+        let opened = !self.is_open(RAW);
+        self.open(RAW)?;
+        let (rx, _) = self.raw.as_mut().expect("opened above");
+        let mut inb: Burst = Burst::new();
+        let mut quiet = Instant::now();
+        let start = Instant::now();
+        while quiet.elapsed() < Duration::from_millis(1) && start.elapsed() < Duration::from_secs(5)
+        {
+            if rx.rx_burst(&mut inb) > 0 {
+                inb.clear();
+                quiet = Instant::now();
+            }
+        }
+        if opened {
+            self.raw = None;
+        }
+        Ok(())
+    }
+
+    /// The raw queue pair (opened by the caller).
+    pub(crate) fn raw(&mut self) -> &mut (RxQueue, TxQueue) {
+        self.raw.as_mut().expect("the raw channel is opened first")
+    }
+
+    /// The raw queue pair, when open.
+    pub(crate) fn raw_if_open(&mut self) -> Option<&mut (RxQueue, TxQueue)> {
+        self.raw.as_mut()
+    }
+
+    /// The port and queue ids of the raw channel (for the bindings).
+    pub(crate) fn raw_ids(&self) -> (u16, u16) {
+        (self.ends[RAW].port.id(), self.ends[RAW].queue)
+    }
+
+    /// The emx side of endpoint `ep` (0: inline, 1: thread; opened by the caller).
+    pub(crate) fn side(&mut self, ep: usize) -> &mut EmxSide {
+        &mut self.emx[ep]
+            .as_mut()
+            .expect("the emx channel is opened first")
+            .side
+    }
+
+    /// The open emx sides.
+    pub(crate) fn sides(&mut self) -> impl Iterator<Item = &mut EmxSide> {
+        self.emx.iter_mut().flatten().map(|c| &mut c.side)
+    }
+
+    /// Keeps the open emx engines answering.
+    pub(crate) fn progress(&mut self) {
+        for s in self.sides() {
+            s.ep.progress();
+        }
+    }
+}
+
+/// Starts an engine on `end` with one peer, and its endpoint.
+fn engine(
+    end: &End,
+    pool: &Mempool,
+    node: u16,
+    peer: (u16, [u8; 6]),
+    progress: ProgressMode,
+) -> Result<(Engine, Endpoint), String> {
+    let cfg = EngineConfig {
+        progress,
+        peers: vec![PeerConfig {
+            node: peer.0,
+            endpoint: 0,
+            mac: peer.1,
+        }],
+        // Each side's engine sits undriven while other transports run.
+        protocol: ProtocolConfig {
+            peer_timeout_us: Some(30_000_000),
+            ..ProtocolConfig::default()
+        },
+        ..EngineConfig::new(node)
+    };
+    let io = DpdkIo::new(&end.port, end.queue, pool).map_err(|e| e.to_string())?;
+    let mut engine = Engine::start(&cfg, io).map_err(|e| e.to_string())?;
+    let ep = engine.endpoint().map_err(|e| e.to_string())?;
+    Ok((engine, ep))
+}
+
+/// A message buffer of the benchmark: registered memory, or nothing for
+/// zero-byte messages (registered ranges are never empty).
+pub(crate) enum Mem {
+    Ext(ExtBuf),
+    Empty,
+}
+
+impl From<SendBuf> for Mem {
+    fn from(b: SendBuf) -> Mem {
+        match b {
+            SendBuf::Registered(b) => Mem::Ext(b),
+            SendBuf::Owned(_) => Mem::Empty,
+        }
+    }
+}
+
+impl From<RecvBuf> for Mem {
+    fn from(b: RecvBuf) -> Mem {
+        match b {
+            RecvBuf::Registered(b) => Mem::Ext(b),
+            _ => Mem::Empty,
+        }
+    }
+}
+
+impl Mem {
+    pub(crate) fn send(self) -> SendBuf {
+        match self {
+            Mem::Ext(b) => SendBuf::Registered(b),
+            Mem::Empty => SendBuf::Owned(Vec::new()),
+        }
+    }
+    fn recv(self) -> RecvBuf {
+        match self {
+            Mem::Ext(b) => RecvBuf::Registered(b),
+            Mem::Empty => RecvBuf::Owned(Vec::new()),
+        }
+    }
+}
+
+/// emx state of one side: an endpoint and its registered buffers.
+pub(crate) struct EmxSide {
+    pub(crate) ep: Endpoint,
+    peer: Addr,
+    region: ExtMem,
+    size: usize,
+    pub(crate) free: Vec<Mem>,
+    pub(crate) posted: VecDeque<Request>,
+    pub(crate) sends: VecDeque<Request>,
+}
+
+impl EmxSide {
+    fn new(ep: Endpoint, peer: Addr, region: ExtMem) -> EmxSide {
+        EmxSide {
+            ep,
+            peer,
+            region,
+            free: Vec::new(),
+            size: usize::MAX,
+            posted: VecDeque::new(),
+            sends: VecDeque::new(),
+        }
+    }
+
+    /// Makes sure `n` free buffers of `size` bytes exist (all requests must be done).
+    pub(crate) fn buffers(&mut self, size: usize, n: usize) -> Result<(), String> {
+        if self.size != size {
+            self.free.clear();
+            self.size = size;
+        }
+        while self.free.len() < n {
+            if size == 0 {
+                self.free.push(Mem::Empty);
+                continue;
+            }
+            let b = self
+                .region
+                .alloc(size, 64)
+                .map_err(|e| format!("registered memory for {n} x {size} B: {e}"))?;
+            self.free.push(Mem::Ext(b));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn post(&mut self, tag: u64) -> bool {
+        let Some(b) = self.free.pop() else {
+            return false;
+        };
+        match self.ep.irecv(Some(self.peer), tag, u64::MAX, b.recv()) {
+            Ok(r) => {
+                self.posted.push_back(r);
+                true
+            }
+            Err(r) => {
+                self.free.push(r.buf.into());
+                false
+            }
+        }
+    }
+
+    pub(crate) fn send(&mut self, tag: u64) -> bool {
+        let Some(b) = self.free.pop() else {
+            return false;
+        };
+        self.send_buf(tag, b)
+    }
+
+    pub(crate) fn send_buf(&mut self, tag: u64, b: Mem) -> bool {
+        match self.ep.isend(self.peer, tag, b.send()) {
+            Ok(s) => {
+                self.sends.push_back(s);
+                true
+            }
+            Err(r) => {
+                self.free.push(r.buf.into());
+                false
+            }
+        }
+    }
+
+    /// The oldest receive, if finished: its buffer and length.
+    pub(crate) fn recv_done(&mut self) -> Result<Option<(Mem, u64)>, String> {
+        let Some(&r) = self.posted.front() else {
+            return Ok(None);
+        };
+        let Some(c) = self.ep.test(r).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        self.posted.pop_front();
+        let (b, info) = c.into_recv().map_err(|e| e.to_string())?;
+        Ok(Some((b.into(), info.msg_len)))
+    }
+
+    /// Takes finished sends (in order); returns how many.
+    pub(crate) fn sends_done(&mut self) -> Result<usize, String> {
+        let mut n = 0;
+        while let Some(&s) = self.sends.front() {
+            let Some(c) = self.ep.test(s).map_err(|e| e.to_string())? else {
+                break;
+            };
+            self.sends.pop_front();
+            self.free
+                .push(c.into_send().map_err(|e| e.to_string())?.into());
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Ends a measurement: cancels the receives still posted and waits for
+    /// every send (the peer is still answering).
+    pub(crate) fn quiesce(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for r in std::mem::take(&mut self.posted) {
+            let _ = self.ep.cancel(r);
+            let c = self.ep.wait(r).map_err(|e| e.to_string())?;
+            if let emx::runtime::Buf::Recv(b) = c.buf {
+                self.free.push(b.into());
+            }
+        }
+        while !self.sends.is_empty() {
+            self.ep.progress();
+            self.sends_done()?;
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} emx sends to {:?} did not finish within 30 s",
+                    self.sends.len(),
+                    self.peer
+                ));
+            }
+        }
+        Ok(())
+    }
+}
