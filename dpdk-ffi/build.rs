@@ -141,6 +141,8 @@ fn main() {
         .allowlist_function("rte_pktmbuf_free_bulk")
         .allowlist_function("rte_extmem_register")
         .allowlist_function("rte_extmem_unregister")
+        .allowlist_function("rte_dev_dma_map")
+        .allowlist_function("rte_dev_dma_unmap")
         .allowlist_function("rte_mem_virt2phy")
         // the shim: inline functions and per-thread values
         .allowlist_function(".*_")

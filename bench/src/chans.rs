@@ -105,6 +105,13 @@ impl Chans {
             return Ok(());
         }
         let i = c - EMX_INLINE;
+        // Sends go out from the region without a copy.
+        self.region.dma_map(&end.port).map_err(|e| {
+            format!(
+                "cannot map registered memory for DMA by {}: {e}",
+                end.port.name()
+            )
+        })?;
         let (engine, ep) = engine(
             end,
             &self.pool,

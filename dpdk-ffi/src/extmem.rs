@@ -14,8 +14,10 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use crate::eal::{hugepages_usable, Eal};
+use crate::error::Errno;
 use crate::error::{Error, Result, ToResult};
 use crate::mbuf::Mbuf;
+use crate::port::Port;
 use crate::sys;
 
 const HUGE_PAGE: usize = 2 << 20;
@@ -34,6 +36,9 @@ struct RegionInner {
     iovas: Vec<u64>,
     /// Ranges lent out (start -> end), so that no two buffers overlap.
     lent: Mutex<BTreeMap<usize, usize>>,
+    /// Ports whose devices the region is DMA-mapped for (unmapped on drop;
+    /// holding them keeps the devices there until then).
+    mapped: Mutex<Vec<Port>>,
     _eal: Eal,
 }
 
@@ -141,6 +146,7 @@ impl ExtMem {
             hugepages,
             iovas,
             lent: Mutex::new(BTreeMap::new()),
+            mapped: Mutex::new(Vec::new()),
             _eal: eal.clone(),
         })))
     }
@@ -148,6 +154,50 @@ impl ExtMem {
     /// Size in bytes (whole pages).
     pub fn len(&self) -> usize {
         self.0.len
+    }
+
+    /// Makes the region reachable for DMA by `port`'s device, so that a NIC
+    /// can send from it without a copy. `rte_extmem_register` maps nothing:
+    /// a NIC behind VFIO and an IOMMU cannot read a page it was not given,
+    /// and its frames would go out as garbage or not at all. Returns
+    /// `Ok(true)` when the device's bus took the mapping (virtual devices
+    /// take it as a no-op), `Ok(false)` when it says none is needed (a PCI
+    /// NIC without VFIO). Mapping a port twice is a no-op. The mapping lasts
+    /// as long as the region.
+    pub fn dma_map(&self, port: &Port) -> Result<bool> {
+        let mut mapped = self.0.mapped.lock().unwrap_or_else(|e| e.into_inner());
+        if mapped.iter().any(|p| p.id() == port.id()) {
+            return Ok(true);
+        }
+        let dev = port.device()?;
+        let runs = self.0.iova_runs();
+        for (i, &(offset, iova, len)) in runs.iter().enumerate() {
+            // SAFETY: dev is the live device of `port`; the run lies inside
+            // this registered region.
+            let r = unsafe {
+                sys::rte_dev_dma_map(dev, self.0.base.as_ptr().add(offset).cast(), iova, len)
+            };
+            if r == 0 {
+                continue;
+            }
+            let errno = if r == -1 {
+                Errno::last()
+            } else {
+                Errno::from_ret(r)
+            };
+            // SAFETY: exactly the runs mapped above, on the same device.
+            unsafe { self.0.unmap(dev, &runs[..i]) };
+            if i == 0 && errno.0 == libc::ENOTSUP {
+                // The bus or driver reaches memory without a mapping.
+                return Ok(false);
+            }
+            return Err(Error::Call {
+                call: "rte_dev_dma_map",
+                errno,
+            });
+        }
+        mapped.push(port.clone());
+        Ok(true)
     }
 
     /// Never true: regions are at least one page.
@@ -255,8 +305,48 @@ impl ExtMem {
     }
 }
 
+impl RegionInner {
+    /// The region as runs of contiguous IOVAs: (offset, iova, length).
+    fn iova_runs(&self) -> Vec<(usize, u64, usize)> {
+        let mut runs: Vec<(usize, u64, usize)> = Vec::new();
+        for (i, &iova) in self.iovas.iter().enumerate() {
+            match runs.last_mut() {
+                Some((_, start, len)) if *start + *len as u64 == iova => *len += self.page_size,
+                _ => runs.push((i * self.page_size, iova, self.page_size)),
+            }
+        }
+        runs
+    }
+
+    /// Undoes `rte_dev_dma_map` of `runs` for `dev`, ignoring failures (a
+    /// second device in the same VFIO container shares the first's mapping,
+    /// which only one unmap removes).
+    ///
+    /// # Safety
+    /// `dev` must be a live device, and `runs` ranges of this region.
+    unsafe fn unmap(&self, dev: *mut sys::rte_device, runs: &[(usize, u64, usize)]) {
+        for &(offset, iova, len) in runs {
+            // SAFETY: per the contract above.
+            unsafe {
+                sys::rte_dev_dma_unmap(dev, self.base.as_ptr().add(offset).cast(), iova, len)
+            };
+        }
+    }
+}
+
 impl Drop for RegionInner {
     fn drop(&mut self) {
+        let ports = std::mem::take(self.mapped.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if !ports.is_empty() {
+            let runs = self.iova_runs();
+            for p in &ports {
+                if let Ok(dev) = p.device() {
+                    // SAFETY: the port is held, so its device lives; the runs
+                    // are this region's, mapped for it by dma_map.
+                    unsafe { self.unmap(dev, &runs) };
+                }
+            }
+        }
         // SAFETY: every buffer (and every mbuf attached from one) holds a clone
         // of the region, so none is left: unregister, then unmap.
         unsafe {

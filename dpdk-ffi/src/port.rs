@@ -284,6 +284,15 @@ impl Port {
         self.0.id
     }
 
+    /// The port's device, for calls on the device rather than the port.
+    pub(crate) fn device(&self) -> Result<*mut sys::rte_device> {
+        let mut info = sys::rte_eth_dev_info::default();
+        // SAFETY: a valid port id (this handle keeps the port); info is a
+        // writable rte_eth_dev_info.
+        unsafe { sys::rte_eth_dev_info_get(self.0.id, &mut info) }.check("rte_eth_dev_info_get")?;
+        Ok(info.device)
+    }
+
     /// The device name (`net_memif0`, `0000:03:00.0`, ...).
     pub fn name(&self) -> &str {
         &self.0.name

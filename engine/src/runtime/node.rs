@@ -124,7 +124,9 @@ pub struct Node {
 /// Registers `len` bytes of memory for zero-copy sends: hugepages when there
 /// are free ones, ordinary pages otherwise, with a warning (ordinary pages are
 /// slower for the NIC to reach and need locking). Carve message buffers out of
-/// it with [`ExtMem::alloc`](dpdk_ffi::ExtMem::alloc).
+/// it with [`ExtMem::alloc`](dpdk_ffi::ExtMem::alloc), and map it for each
+/// port that sends from it with [`ExtMem::dma_map`](dpdk_ffi::ExtMem::dma_map):
+/// a NIC behind VFIO cannot reach it otherwise.
 pub fn register_memory(eal: &Eal, len: usize) -> Result<dpdk_ffi::ExtMem, Error> {
     let region = dpdk_ffi::ExtMem::new(eal, len).map_err(|e| Error::Io(e.into()))?;
     if !region.is_hugepages() {

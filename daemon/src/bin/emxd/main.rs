@@ -156,6 +156,13 @@ fn run(args: Args) -> Result<(), Failure> {
             cluster.memory().region_mb
         ))
     })?;
+    // A NIC behind VFIO reaches only memory mapped for it.
+    region.dma_map(&port).map_err(|e| {
+        Failure::Start(format!(
+            "cannot map the registered memory for DMA by {}: {e}",
+            port.name()
+        ))
+    })?;
     let mut stations = Vec::with_capacity(n_eps);
     for (i, &id) in node_cfg.engine.endpoints.iter().enumerate() {
         let ep = engine
