@@ -1,49 +1,84 @@
 //! The CPU cost of an emx message round trip through the whole runtime
-//! (API, request table, driver, protocol core, link seam), with no real link:
-//! two inline engines on an in-memory network, driven by one thread. Compare
-//! with `proto_cost` (the core alone) to see what the runtime adds.
+//! (API, request table, driver, protocol core, link seam): two inline
+//! engines driven by one thread, on an in-memory network, or with `memif` on
+//! a DPDK memif pair in this process (the real mbuf path, no hugepages
+//! needed, none used). Compare with `proto_cost` (the core alone) to see what the
+//! runtime adds; under `valgrind --tool=callgrind` it counts instructions.
 //!
-//! `cargo run --release -p emx --example runtime_cost [round trips per run]`
+//! `cargo run --release -p emx --example runtime_cost [round trips per run] [memif]`
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use emx::io::{MemNetwork, PacketIo};
+use dpdk_ffi::{HugepageMode, Mempool, Port, PortConfig};
+use emx::io::{DpdkIo, MemNetwork, PacketIo};
 use emx::proto::Addr;
-use emx::runtime::{Engine, EngineConfig, PeerConfig, RecvBuf, SendBuf};
+use emx::runtime::{Endpoint, Engine, EngineConfig, PeerConfig, RecvBuf, SendBuf};
+
+fn config(node: u16, peer: u16, mac: [u8; 6]) -> EngineConfig {
+    EngineConfig {
+        peers: vec![PeerConfig {
+            node: peer,
+            endpoint: 0,
+            mac,
+        }],
+        ..EngineConfig::new(node)
+    }
+}
 
 fn main() {
-    let (ia, ib) = MemNetwork::pair(1500);
-    let (ma, mb) = (ia.mac(), ib.mac());
-    let peer = |node, mac| PeerConfig {
-        node,
-        endpoint: 0,
-        mac,
-    };
-    let mut ea = Engine::start(
-        &EngineConfig {
-            peers: vec![peer(2, mb)],
-            ..EngineConfig::new(1)
-        },
-        ia,
-    )
-    .unwrap();
-    let mut eb = Engine::start(
-        &EngineConfig {
-            peers: vec![peer(1, ma)],
-            ..EngineConfig::new(2)
-        },
-        ib,
-    )
-    .unwrap();
-    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
-    let (to_b, to_a) = (Addr::new(2, 0), Addr::new(1, 0));
+    let n: u32 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(200_000);
+    if std::env::args().nth(2).as_deref() == Some("memif") {
+        let eal = dpdk_ffi::Eal::builder()
+            .hugepages(HugepageMode::Never)
+            .init()
+            .unwrap();
+        let pool = Mempool::new(&eal, "cost", 8191, 256, dpdk_ffi::DEFAULT_DATA_ROOM).unwrap();
+        let sock = format!("/tmp/emx-cost-{}.sock", std::process::id());
+        let port = |i: u8, role: &str| {
+            let devargs = format!("net_memif{i},role={role},socket={sock}");
+            Port::from_devargs(&eal, &devargs, &PortConfig::default(), &pool).unwrap()
+        };
+        let (pa, pb) = (port(0, "server"), port(1, "client"));
+        for p in [&pa, &pb] {
+            p.wait_link(Duration::from_secs(10)).unwrap();
+        }
+        let mut ea =
+            Engine::start(&config(1, 2, pb.mac()), DpdkIo::new(&pa, 0, &pool).unwrap()).unwrap();
+        let mut eb =
+            Engine::start(&config(2, 1, pa.mac()), DpdkIo::new(&pb, 0, &pool).unwrap()).unwrap();
+        let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+        report("memif pair", &measure(&mut a, &mut b, n));
+    } else {
+        let (ia, ib) = MemNetwork::pair(1500);
+        let (ma, mb) = (ia.mac(), ib.mac());
+        let mut ea = Engine::start(&config(1, 2, mb), ia).unwrap();
+        let mut eb = Engine::start(&config(2, 1, ma), ib).unwrap();
+        let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+        report("in-memory link", &measure(&mut a, &mut b, n));
+    }
+}
 
+fn report(link: &str, results: &[f64]) {
+    println!(
+        "emx runtime cost: one 8-byte round trip (2 messages, both sides, one thread, {link})"
+    );
+    println!(
+        "best {:.0} ns, median {:.0} ns per round trip ({} runs)",
+        results[0],
+        results[results.len() / 2],
+        results.len()
+    );
+}
+
+/// Five runs of `n` round trips from `a` to `b` and back; sorted
+/// nanoseconds per round trip.
+fn measure(a: &mut Endpoint, b: &mut Endpoint, n: u32) -> Vec<f64> {
+    let (to_b, to_a) = (Addr::new(2, 0), Addr::new(1, 0));
     let mut results = Vec::new();
     for _ in 0..5 {
-        let n: u32 = std::env::args()
-            .nth(1)
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(200_000);
         let t0 = Instant::now();
         let mut sbuf = Some(SendBuf::Owned(vec![1u8; 8]));
         let mut rbuf = Some(RecvBuf::Owned(vec![0u8; 8]));
@@ -101,9 +136,5 @@ fn main() {
         }
     }
     results.sort_by(f64::total_cmp);
-    println!("emx runtime cost: one 8-byte round trip (2 messages, both sides, one thread, in-memory link)");
-    println!(
-        "best {:.0} ns, median {:.0} ns per round trip (5 runs)",
-        results[0], results[2]
-    );
+    results
 }
