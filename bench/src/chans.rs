@@ -13,8 +13,7 @@ use dpdk_ffi::{Burst, ExtBuf, ExtMem, Mempool, RxQueue, TxQueue};
 use emx::io::DpdkIo;
 use emx::proto::Addr;
 use emx::runtime::{
-    Endpoint, Engine, EngineConfig, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf, Request,
-    SendBuf,
+    Endpoint, Engine, EngineConfig, ProgressMode, ProtocolConfig, RecvBuf, Request, SendBuf,
 };
 
 use crate::link::{End, EMX_INLINE, EMX_THREAD, RAW};
@@ -200,17 +199,12 @@ fn engine(
 ) -> Result<(Engine, Endpoint), String> {
     let cfg = EngineConfig {
         progress,
-        peers: vec![PeerConfig {
-            node: peer.0,
-            endpoint: 0,
-            mac: peer.1,
-        }],
         // Each side's engine sits undriven while other transports run.
         protocol: ProtocolConfig {
             peer_timeout_us: Some(30_000_000),
             ..ProtocolConfig::default()
         },
-        ..EngineConfig::new(node)
+        ..EngineConfig::with_peer(node, peer.0, peer.1)
     };
     let io = DpdkIo::new(&end.port, end.queue, pool).map_err(|e| e.to_string())?;
     let mut engine = Engine::start(&cfg, io).map_err(|e| e.to_string())?;

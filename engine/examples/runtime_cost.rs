@@ -12,18 +12,7 @@ use std::time::{Duration, Instant};
 use dpdk_ffi::{HugepageMode, Mempool, Port, PortConfig};
 use emx::io::{DpdkIo, MemNetwork, PacketIo};
 use emx::proto::Addr;
-use emx::runtime::{Endpoint, Engine, EngineConfig, PeerConfig, RecvBuf, SendBuf};
-
-fn config(node: u16, peer: u16, mac: [u8; 6]) -> EngineConfig {
-    EngineConfig {
-        peers: vec![PeerConfig {
-            node: peer,
-            endpoint: 0,
-            mac,
-        }],
-        ..EngineConfig::new(node)
-    }
-}
+use emx::runtime::{Endpoint, Engine, EngineConfig, RecvBuf, SendBuf};
 
 fn main() {
     let n: u32 = std::env::args()
@@ -45,17 +34,23 @@ fn main() {
         for p in [&pa, &pb] {
             p.wait_link(Duration::from_secs(10)).unwrap();
         }
-        let mut ea =
-            Engine::start(&config(1, 2, pb.mac()), DpdkIo::new(&pa, 0, &pool).unwrap()).unwrap();
-        let mut eb =
-            Engine::start(&config(2, 1, pa.mac()), DpdkIo::new(&pb, 0, &pool).unwrap()).unwrap();
+        let mut ea = Engine::start(
+            &EngineConfig::with_peer(1, 2, pb.mac()),
+            DpdkIo::new(&pa, 0, &pool).unwrap(),
+        )
+        .unwrap();
+        let mut eb = Engine::start(
+            &EngineConfig::with_peer(2, 1, pa.mac()),
+            DpdkIo::new(&pb, 0, &pool).unwrap(),
+        )
+        .unwrap();
         let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
         report("memif pair", &measure(&mut a, &mut b, n));
     } else {
         let (ia, ib) = MemNetwork::pair(1500);
         let (ma, mb) = (ia.mac(), ib.mac());
-        let mut ea = Engine::start(&config(1, 2, mb), ia).unwrap();
-        let mut eb = Engine::start(&config(2, 1, ma), ib).unwrap();
+        let mut ea = Engine::start(&EngineConfig::with_peer(1, 2, mb), ia).unwrap();
+        let mut eb = Engine::start(&EngineConfig::with_peer(2, 1, ma), ib).unwrap();
         let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
         report("in-memory link", &measure(&mut a, &mut b, n));
     }

@@ -16,17 +16,12 @@ use emx::runtime::{
 fn cfg(node: u16, peer: (u16, Mac), progress: ProgressMode) -> EngineConfig {
     EngineConfig {
         progress,
-        peers: vec![PeerConfig {
-            node: peer.0,
-            endpoint: 0,
-            mac: peer.1,
-        }],
         protocol: ProtocolConfig {
             peer_timeout_us: Some(200_000),
             keepalive_us: Some(20_000),
             ..Default::default()
         },
-        ..EngineConfig::new(node)
+        ..EngineConfig::with_peer(node, peer.0, peer.1)
     }
 }
 
@@ -514,17 +509,12 @@ fn a_dead_peer_is_learnt_again_on_a_new_mac() {
     use emx::runtime::AUTO_MAC;
     let net = MemNetwork::new(1024);
     let cfg = |node: u16, peer: u16| EngineConfig {
-        peers: vec![PeerConfig {
-            node: peer,
-            endpoint: 0,
-            mac: AUTO_MAC,
-        }],
         protocol: ProtocolConfig {
             peer_timeout_us: Some(200_000),
             keepalive_us: Some(20_000),
             ..Default::default()
         },
-        ..EngineConfig::new(node)
+        ..EngineConfig::with_peer(node, peer, AUTO_MAC)
     };
     let mut ea = Engine::start(&cfg(1, 2), net.port([2, 0, 0, 0, 0, 1], 1500)).unwrap();
     assert_ne!(ea.epoch(), 0, "an epoch chosen from the clock");

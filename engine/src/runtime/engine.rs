@@ -231,6 +231,26 @@ impl EngineConfig {
             ring: default_ring(),
         }
     }
+
+    /// A configuration with defaults for node `node` that knows one peer
+    /// from the start: endpoint 0 of node `peer`, at `mac` (or
+    /// [`AUTO_MAC`](crate::runtime::AUTO_MAC) to learn it).
+    ///
+    /// ```
+    /// use emx::runtime::EngineConfig;
+    /// let cfg = EngineConfig::with_peer(1, 2, [2, 0, 0, 0, 0, 2]);
+    /// assert_eq!((cfg.node, cfg.peers[0].node, cfg.peers[0].endpoint), (1, 2, 0));
+    /// ```
+    pub fn with_peer(node: u16, peer: u16, mac: [u8; 6]) -> EngineConfig {
+        EngineConfig {
+            peers: vec![PeerConfig {
+                node: peer,
+                endpoint: 0,
+                mac,
+            }],
+            ..EngineConfig::new(node)
+        }
+    }
 }
 
 /// A driver with its link type erased, so that the engine is not generic.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use dpdk_ffi::{Eal, ExtMem, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
 use emx::io::DpdkIo;
 use emx::proto::Addr;
-use emx::runtime::{Endpoint, Engine, EngineConfig, PeerConfig, ProgressMode, SendBuf};
+use emx::runtime::{Endpoint, Engine, EngineConfig, ProgressMode, SendBuf};
 
 pub fn eal() -> Eal {
     Eal::builder().memory_mb(512).init().expect("EAL")
@@ -43,12 +43,7 @@ pub fn memif_pair(eal: &Eal, pool: &Mempool) -> (Port, Port) {
 pub fn config(node: u16, peer: u16, peer_mac: [u8; 6], progress: ProgressMode) -> EngineConfig {
     EngineConfig {
         progress,
-        peers: vec![PeerConfig {
-            node: peer,
-            endpoint: 0,
-            mac: peer_mac,
-        }],
-        ..EngineConfig::new(node)
+        ..EngineConfig::with_peer(node, peer, peer_mac)
     }
 }
 
