@@ -234,7 +234,7 @@ impl EngineConfig {
 
     /// A configuration with defaults for node `node` that knows one peer
     /// from the start: endpoint 0 of node `peer`, at `mac` (or
-    /// [`AUTO_MAC`](crate::runtime::AUTO_MAC) to learn it).
+    /// [`AUTO_MAC`] to learn it).
     ///
     /// ```
     /// use emx::runtime::EngineConfig;
