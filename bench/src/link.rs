@@ -1,6 +1,8 @@
-//! The links the benchmark runs on, all inside one process: two sides (A,
-//! the pinger's, and B, the echo's) joined by three independent channels, so
-//! that raw frames and each emx engine have a queue pair to themselves.
+//! The links the benchmark runs on: two sides (A, the pinger's, and B, the
+//! echo's) joined by three channels, one for raw frames and one for each emx
+//! engine. Where the link allows, each channel is a queue pair of its own.
+//! The two sides are in this process, or with [`Link::side`] one in each of
+//! two processes (`memif`, or `devargs` with `--role`).
 //!
 //! - `memif-pair`: two `net_memif` ports in this process, three queue pairs.
 //! - `veth`: three veth pairs, each between two network namespaces this
