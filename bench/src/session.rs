@@ -382,13 +382,11 @@ impl Session {
         let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
         let a_macs: Vec<[u8; 6]> = link.channels.iter().map(|c| c.a.port.mac()).collect();
         let (ctl, thread) = spawn_echo(&eal, &pool, &link, &b, &a_macs, echo_core)?;
-        let a: Vec<End> = link.channels.iter().map(|c| c.a.clone()).collect();
         let b_macs: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
         Session::pinger(
             eal,
             pool,
             link,
-            &a,
             &b_macs,
             Control::Local {
                 ctl,
@@ -411,10 +409,10 @@ impl Session {
         // memif client, say) finds it.
         let mut client = crate::remote::Client::connect(server)?;
         let link = Link::side(&eal, &pool, mtu, side, false)?;
-        let a: Vec<End> = link.channels.iter().map(|c| c.a.clone()).collect();
-        let a_macs: Vec<[u8; 6]> = a.iter().map(|e| e.port.mac()).collect();
+        let a_macs: Vec<[u8; 6]> = link.channels.iter().map(|c| c.a.port.mac()).collect();
         let b_macs = client.hello(&a_macs, mtu, link.shared)?;
-        a[RAW]
+        link.channels[RAW]
+            .a
             .port
             .wait_link(Duration::from_secs(10))
             .map_err(|e| e.to_string())?;
@@ -423,7 +421,6 @@ impl Session {
             eal,
             pool,
             link,
-            &a,
             &b_macs,
             Control::Remote(client),
             (ping_core, None),
@@ -434,7 +431,6 @@ impl Session {
         eal: Eal,
         pool: Mempool,
         link: Link,
-        a: &[End],
         b_macs: &[[u8; 6]],
         control: Control,
         cores: (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>),
@@ -443,6 +439,8 @@ impl Session {
         if let Some(c) = ping_core {
             core_affinity::set_for_current(c);
         }
+        // The pinger's end of each channel.
+        let a: Vec<End> = link.channels.iter().map(|c| c.a.clone()).collect();
         let mut raw_hdr = [0u8; 14];
         raw_hdr[0..6].copy_from_slice(&b_macs[RAW]);
         raw_hdr[6..12].copy_from_slice(&a[RAW].port.mac());
@@ -455,7 +453,7 @@ impl Session {
             spin: false,
         };
         let chans = Chans::new(
-            a.to_vec(),
+            a,
             b_macs.to_vec(),
             pool.clone(),
             region,

@@ -11,21 +11,24 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_emx-bench");
 
+/// Quick pacing for every test run.
+const QUICK: [&str; 9] = [
+    "--rounds",
+    "1",
+    "--iters",
+    "40",
+    "--time-ms",
+    "20",
+    "--warmup-ms",
+    "2",
+    "--quiet",
+];
+
 /// Runs emx-bench with `args` plus quick pacing; fails with its stderr.
 fn run(args: &[&str]) -> Output {
     let out = Command::new(BIN)
         .args(args)
-        .args([
-            "--rounds",
-            "1",
-            "--iters",
-            "40",
-            "--time-ms",
-            "20",
-            "--warmup-ms",
-            "2",
-            "--quiet",
-        ])
+        .args(QUICK)
         .output()
         .expect("run emx-bench");
     assert!(
@@ -213,17 +216,9 @@ fn veth_with_kernel_baselines() {
             "64,4K",
             "--transports",
             "raw,emx,udp,tcp",
-            "--rounds",
-            "1",
-            "--iters",
-            "40",
-            "--time-ms",
-            "20",
-            "--warmup-ms",
-            "2",
-            "--quiet",
             "--json",
         ])
+        .args(QUICK)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
