@@ -6,10 +6,17 @@
 # docker stop's SIGTERM itself).
 if [ -n "${EMX_TAP:-}" ]; then
     (
+        # Wait until DPDK has started the port, which brings the tap up. Not
+        # just until the tap exists: DPDK creates it first and sets its MAC
+        # a moment later, which would undo the change below (then the
+        # bridge keeps the port's frames to itself, and the node goes silent).
         i=0
-        until ip link show "$EMX_TAP" >/dev/null 2>&1; do
+        until case "$(ip link show "$EMX_TAP" 2>/dev/null)" in
+            *[\<,]UP[,\>]*) true ;;
+            *) false ;;
+        esac; do
             i=$((i + 1))
-            [ "$i" -le 600 ] || { echo "entrypoint: no $EMX_TAP after 30 s" >&2; exit 1; }
+            [ "$i" -le 600 ] || { echo "entrypoint: $EMX_TAP not up after 30 s" >&2; exit 1; }
             sleep 0.05
         done
         # A bridge keeps frames for its ports' own MACs to itself, and DPDK's
