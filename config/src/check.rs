@@ -89,6 +89,12 @@ impl ClusterConfig {
                 format!("{n} is out of range (want 1..=8 pulls in flight per rendezvous receive)"),
             ));
         }
+        if p.pack_max == Some(0) {
+            return Err(self.invalid(
+                "protocol.pack_max",
+                "0 is out of range (want at least 1 message per frame; 1 turns packing off)",
+            ));
+        }
         Ok(())
     }
 

@@ -179,6 +179,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("missing-port.toml", 11, "node[1].port", "missing (this key is required)"),
     ("no-nodes.toml", 1, "node", "no [[node]] tables: a cluster needs at least one node"),
     ("numeric-name.toml", 7, "node[0].name", "a name must not be a number"),
+    ("pack-max-zero.toml", 6, "protocol.pack_max", "0 is out of range (want at least 1 message per frame"),
     ("protocol-ethertype.toml", 6, "protocol.ethertype", "the EtherType belongs in [cluster] (cluster.ethertype), not in [protocol]"),
     ("pull-inflight-range.toml", 6, "protocol.pull_inflight", "9 is out of range (want 1..=8"),
     ("syntax.toml", 10, "", "not valid TOML: invalid string; expected `\"`, `'`"),

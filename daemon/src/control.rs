@@ -314,6 +314,9 @@ pub struct PeerStatsEntry {
     pub credit_stalls: u64,
     /// Times the send window filled up.
     pub window_stalls: u64,
+    /// Messages sent several to a frame.
+    #[serde(default)]
+    pub msgs_packed: u64,
     /// Keepalive probes sent.
     pub keepalives_sent: u64,
     /// Handshake frames sent.

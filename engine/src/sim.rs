@@ -158,7 +158,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
             order: 0,
             rng: SimRng::new(link.seed),
             link,
-            scratch: vec![0; 256],
+            scratch: vec![0; crate::wire::FRAME_HEADER_LEN + 65535],
             stats: SimStats::default(),
             blocked: Vec::new(),
         }

@@ -27,12 +27,27 @@
 //! 56 u64 message length (for PULL: the length of the pulled block)
 //! 64 u64 fragment offset (for PULL: the offset of the pulled block)
 //! 72 u32 checksum (ones' complement sum of 32-bit words; see the flags)
-//! 76 payload (payload length bytes, EAGER and PULL_DATA only), then Ethernet padding
+//! 76 payload (payload length bytes, EAGER, PULL_DATA and PACK only), then Ethernet padding
 //! ```
 //!
 //! The header is fixed-size so that a frame's payload always starts at the same offset
 //! and a polling core can attach a payload buffer behind it without computing anything.
 //! Control frames carry no body: everything they say fits in the header.
+//!
+//! # Packs
+//!
+//! A PACK frame carries several whole small messages to one peer, so that a burst of
+//! them costs one frame, one sequence number and one acknowledgement instead of one
+//! each. Its header gives the first message's id in `message id` (the others follow in
+//! order) and the number of messages in `message length`; match bits and fragment
+//! offset are zero. The payload is one record per message, back to back:
+//!
+//! ```text
+//!  0 u64 match bits        8 u16 message length    10 the message's bytes
+//! ```
+//!
+//! The records are headers too: a PACK whose header is checksummed has its payload
+//! checksummed as well.
 
 use core::fmt;
 
@@ -130,6 +145,9 @@ pub enum FrameType {
     PullData = 0x13,
     /// Rendezvous notify: the receiver has all the data it wants (reliable).
     Notify = 0x14,
+    /// Several whole eager messages in one frame (reliable, carries their records; see
+    /// the module docs).
+    Pack = 0x15,
 }
 
 impl FrameType {
@@ -144,6 +162,7 @@ impl FrameType {
             0x12 => Self::Pull,
             0x13 => Self::PullData,
             0x14 => Self::Notify,
+            0x15 => Self::Pack,
             _ => return None,
         })
     }
@@ -157,8 +176,86 @@ impl FrameType {
     /// Whether frames of this type may carry payload bytes.
     #[inline]
     pub fn has_payload(self) -> bool {
-        matches!(self, Self::Eager | Self::PullData)
+        matches!(self, Self::Eager | Self::PullData | Self::Pack)
     }
+}
+
+/// Bytes in front of each message in a PACK frame: match bits (8) and length (2).
+pub const PACK_RECORD_LEN: usize = 10;
+
+/// The messages of a PACK frame's payload, in order, as `(match bits, bytes)`.
+///
+/// [`Packed::new`] checks the records against the count the header gives;
+/// [`Header::parse`] does so for every PACK, so a parsed frame's records can be walked
+/// without checks. Walking never panics, whatever the bytes: it stops at the first
+/// record that does not fit.
+///
+/// ```
+/// use emx::wire::{write_pack_record, Packed};
+/// let mut buf = [0u8; 64];
+/// let mut n = write_pack_record(&mut buf, 7, b"ab");
+/// n += write_pack_record(&mut buf[n..], 9, b"");
+/// let recs: Vec<_> = Packed::new(&buf[..n], 2).unwrap().collect();
+/// assert_eq!(recs, [(7, &b"ab"[..]), (9, &b""[..])]);
+/// assert!(Packed::new(&buf[..n], 3).is_err());
+/// ```
+#[derive(Clone, Debug)]
+pub struct Packed<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Packed<'a> {
+    /// Checks that `payload` is exactly `count` whole records.
+    pub fn new(payload: &'a [u8], count: u64) -> Result<Packed<'a>, DropReason> {
+        let mut walk = Packed { rest: payload };
+        let mut n = 0u64;
+        while !walk.rest.is_empty() {
+            if walk.next().is_none() {
+                return Err(DropReason::BadLength);
+            }
+            n += 1;
+        }
+        if n != count {
+            return Err(DropReason::BadLength);
+        }
+        Ok(Packed { rest: payload })
+    }
+
+    /// The records of a payload taken as they are (one that [`Header::parse`] checked
+    /// already); a walk stops at the first record that does not fit.
+    pub fn unchecked(payload: &'a [u8]) -> Packed<'a> {
+        Packed { rest: payload }
+    }
+}
+
+impl<'a> Iterator for Packed<'a> {
+    type Item = (u64, &'a [u8]);
+
+    #[inline]
+    fn next(&mut self) -> Option<(u64, &'a [u8])> {
+        let head = self.rest.get(..PACK_RECORD_LEN)?;
+        let len = usize::from(be16(head, 8..10));
+        let data = self.rest.get(PACK_RECORD_LEN..PACK_RECORD_LEN + len)?;
+        let bits = be64(head, 0..8);
+        self.rest = &self.rest[PACK_RECORD_LEN + len..];
+        Some((bits, data))
+    }
+}
+
+/// Writes one PACK record (`match_bits`, then `data`'s length and bytes) at the start
+/// of `buf` and returns the bytes written, [`PACK_RECORD_LEN`] + `data.len()`.
+///
+/// # Panics
+/// When `buf` is too short or `data` longer than 65535 bytes (a caller bug).
+#[inline]
+pub fn write_pack_record(buf: &mut [u8], match_bits: u64, data: &[u8]) -> usize {
+    let len = u16::try_from(data.len()).expect("a packed message fits a frame");
+    let end = PACK_RECORD_LEN + data.len();
+    let b = &mut buf[..end];
+    b[..8].copy_from_slice(&match_bits.to_be_bytes());
+    b[8..10].copy_from_slice(&len.to_be_bytes());
+    b[PACK_RECORD_LEN..].copy_from_slice(data);
+    end
 }
 
 /// Header flag bits.
@@ -581,6 +678,9 @@ impl Header {
             frag_offset: be64(b, field::FRAG_OFFSET),
         };
         h.validate(ft)?;
+        if ft == FrameType::Pack {
+            Packed::new(frame.payload(), h.msg_len)?;
+        }
         Ok(h)
     }
 
@@ -632,6 +732,20 @@ impl Header {
             FrameType::Hello | FrameType::Ack | FrameType::Notify => {
                 if self.frag_offset != 0 || self.msg_len != 0 {
                     return Err(DropReason::Malformed);
+                }
+            }
+            FrameType::Pack => {
+                if self.frag_offset != 0
+                    || self.match_bits != 0
+                    || (self.flags & flags::CSUM_HEADER != 0
+                        && self.flags & flags::CSUM_PAYLOAD == 0)
+                {
+                    return Err(DropReason::Malformed);
+                }
+                if self.msg_len == 0
+                    || self.msg_len > (self.payload_len as usize / PACK_RECORD_LEN) as u64
+                {
+                    return Err(DropReason::BadLength);
                 }
             }
         }
@@ -788,6 +902,71 @@ mod tests {
         sample().emit(&mut x, 0x88B6);
         assert_eq!(peek_dst(&x, 0x88B6), Some((1, 0)));
         assert_eq!(peek_dst(&x, DEFAULT_ETHERTYPE), None);
+    }
+
+    fn pack_header(count: u64, payload: &[u8]) -> Header {
+        Header {
+            frame_type: FrameType::Pack,
+            match_bits: 0,
+            frag_offset: 0,
+            msg_len: count,
+            payload_len: payload.len() as u16,
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn packs_parse_only_when_their_records_add_up() {
+        let mut p = vec![0u8; 64];
+        let mut n = write_pack_record(&mut p, 1, b"abc");
+        n += write_pack_record(&mut p[n..], 2, b"");
+        n += write_pack_record(&mut p[n..], u64::MAX, b"z");
+        p.truncate(n);
+        let v = build(&pack_header(3, &p), &p);
+        let f = Frame::new_checked(&v[..]).unwrap();
+        assert_eq!(
+            Header::parse(&f, DEFAULT_ETHERTYPE, true),
+            Ok(pack_header(3, &p))
+        );
+        let recs: Vec<_> = Packed::new(f.payload(), 3).unwrap().collect();
+        assert_eq!(
+            recs,
+            [(1, &b"abc"[..]), (2, &b""[..]), (u64::MAX, &b"z"[..])]
+        );
+        for (count, why) in [
+            (2, DropReason::BadLength),
+            (4, DropReason::BadLength),
+            (0, DropReason::BadLength),
+        ] {
+            let v = build(&pack_header(count, &p), &p);
+            let f = Frame::new_checked(&v[..]).unwrap();
+            assert_eq!(
+                Header::parse(&f, DEFAULT_ETHERTYPE, true),
+                Err(why),
+                "{count}"
+            );
+        }
+        // Every cut through the records, with the header telling the same lie.
+        for cut in 0..p.len() {
+            let q = &p[..cut];
+            let v = build(&pack_header(3, q), q);
+            let f = Frame::new_checked(&v[..]).unwrap();
+            assert!(
+                Header::parse(&f, DEFAULT_ETHERTYPE, true).is_err(),
+                "cut {cut}"
+            );
+            // Walking unchecked records stops short, never panics.
+            assert!(Packed::unchecked(q).count() < 3);
+        }
+        // Checksummed header, unchecksummed records.
+        let mut h = pack_header(3, &p);
+        h.flags = flags::CSUM_HEADER;
+        let v = build(&h, &p);
+        let f = Frame::new_checked(&v[..]).unwrap();
+        assert_eq!(
+            Header::parse(&f, DEFAULT_ETHERTYPE, true),
+            Err(DropReason::Malformed)
+        );
     }
 
     #[test]

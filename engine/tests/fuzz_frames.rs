@@ -30,6 +30,7 @@ fn frame_type() -> impl Strategy<Value = FrameType> {
         Just(FrameType::Pull),
         Just(FrameType::PullData),
         Just(FrameType::Notify),
+        Just(FrameType::Pack),
     ]
 }
 
@@ -100,13 +101,35 @@ fn header() -> impl Strategy<Value = Header> {
 enum Op {
     Garbage(Vec<u8>),
     Frame(Header),
+    /// A PACK of well-formed records (match bits, length) under an arbitrary header.
+    Pack(Header, Vec<(u64, usize)>),
     Wait(u64),
+}
+
+/// Emits `h` as a PACK of `records`, with a good checksum over them.
+fn pack(h: &Header, records: &[(u64, usize)]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for &(bits, len) in records {
+        let mut r = vec![0u8; emx::wire::PACK_RECORD_LEN + len];
+        emx::wire::write_pack_record(&mut r, bits, &vec![0x3C; len]);
+        payload.extend_from_slice(&r);
+    }
+    let mut h = *h;
+    h.frame_type = FrameType::Pack;
+    h.flags |= flags::CSUM_HEADER | flags::CSUM_PAYLOAD;
+    h.match_bits = 0;
+    h.frag_offset = 0;
+    h.msg_len = records.len() as u64;
+    h.payload_len = payload.len() as u16;
+    build(&h, &payload)
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => prop::collection::vec(any::<u8>(), 0..160).prop_map(Op::Garbage),
         6 => header().prop_map(Op::Frame),
+        2 => (header(), prop::collection::vec((0u64..4, 0usize..80), 1..20))
+            .prop_map(|(h, r)| Op::Pack(h, r)),
         1 => (0u64..5_000).prop_map(Op::Wait),
     ]
 }
@@ -171,6 +194,9 @@ proptest! {
                 Op::Frame(h) => {
                     let payload = vec![0xA5; h.payload_len as usize];
                     let _ = sim.core(1).handle_frame(now, &build(&h, &payload));
+                }
+                Op::Pack(h, records) => {
+                    let _ = sim.core(1).handle_frame(now, &pack(&h, &records));
                 }
                 Op::Wait(us) => {
                     let t = now + Duration::from_micros(us);

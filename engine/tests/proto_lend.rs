@@ -188,3 +188,31 @@ fn lending_receives_copy_what_cannot_be_lent() {
         other => panic!("rendezvous to a lending receive: {other:?}"),
     }
 }
+
+#[test]
+fn packed_messages_are_copied_into_lending_receives() {
+    // Messages queued together leave in one PACK frame, which cannot be lent to
+    // several receives: each comes back copied, whole and in order.
+    let cfg = CoreConfig::default();
+    let (mut a, mut b) = pair(&cfg);
+    let mut now = Time::ZERO;
+    run(&mut a, &mut b, &mut now, true);
+    let msgs: Vec<Vec<u8>> = (0..5).map(|k| msg(3 + 10 * k, k as u8)).collect();
+    let reqs: Vec<RequestId> = msgs
+        .iter()
+        .map(|_| {
+            b.post_recv(now, None, 9, u64::MAX, Buf::Lending, 0)
+                .unwrap()
+        })
+        .collect();
+    for m in &msgs {
+        a.send(now, Addr::new(2, 0), 9, m.clone(), 0).unwrap();
+    }
+    let got = run(&mut a, &mut b, &mut now, true);
+    assert_eq!(got.len(), msgs.len());
+    for ((req, got), (r, m)) in got.iter().zip(reqs.iter().zip(&msgs)) {
+        assert_eq!(req, r);
+        assert!(matches!(got, Got::Copied(v, false) if v == m), "{got:?}");
+    }
+    assert!(b.stats().dropped.total() == 0);
+}

@@ -46,7 +46,8 @@ use super::{
     RequestError, RequestId, SendError, Time,
 };
 use crate::wire::{
-    flags, DropReason, Frame, FrameType, Header, MacAddr, FRAME_HEADER_LEN, MAX_MSG_LEN,
+    flags, write_pack_record, DropReason, Frame, FrameType, Header, MacAddr, FRAME_HEADER_LEN,
+    MAX_MSG_LEN, PACK_RECORD_LEN,
 };
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -58,7 +59,8 @@ pub(crate) const NO_PEER: u16 = u16::MAX;
 pub struct Transmit {
     /// The peer the frame goes to (its MAC is in the Ethernet header already).
     pub peer: PeerId,
-    /// Bytes of `buf` written: Ethernet and emx headers.
+    /// Bytes of `buf` written: Ethernet and emx headers and, in a PACK, the packed
+    /// messages' records after them.
     pub header_len: usize,
     /// Payload to send right after the header, by reference into a send's buffer.
     pub payload: Option<PayloadRef>,
@@ -168,6 +170,18 @@ pub(crate) struct SendSlot<S> {
     pub(crate) in_pulls: bool,
 }
 
+impl<S> SendSlot<S> {
+    /// The credit this send costs its receiver's unexpected store.
+    #[inline]
+    pub(crate) fn charge(&self) -> u32 {
+        if self.rndv {
+            rts_charge() as u32
+        } else {
+            eager_charge(self.len) as u32
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RecvState {
     Free,
@@ -235,6 +249,10 @@ pub(crate) struct InMsg {
 
 /// A reliable frame sent (or, for control frames, queued) and not yet acknowledged:
 /// enough to emit it again.
+///
+/// A PACK refers to `len` sends, the first at `slot` and the rest after it in the
+/// peer's send list (where they stay, side by side, until the PACK is acknowledged);
+/// its `offset` is the bytes of its records.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TxFrame {
     pub(crate) seq: u32,
@@ -855,7 +873,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             let f = self.frames[i as usize];
             if matches!(
                 f.kind,
-                FrameType::Eager | FrameType::Rts | FrameType::PullData
+                FrameType::Eager | FrameType::Rts | FrameType::PullData | FrameType::Pack
             ) {
                 if f.lost {
                     peer.lost -= 1;
@@ -896,11 +914,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 }
                 if s.started {
                     // Charged, then no frame record was free: refund the charge.
-                    let charge = if s.rndv {
-                        rts_charge()
-                    } else {
-                        eager_charge(s.len)
-                    } as u32;
+                    let charge = s.charge();
                     let peer = &mut self.peers[p as usize];
                     peer.credit_used = peer.credit_used.wrapping_sub(charge);
                 }
@@ -1008,6 +1022,16 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             buf,
             result,
         }));
+    }
+
+    /// A frame that referred to send `i` was acknowledged.
+    #[inline]
+    pub(crate) fn frame_acked(&mut self, i: u32) {
+        let s = &mut self.sends[i as usize];
+        s.inflight -= 1;
+        if s.inflight == 0 {
+            self.maybe_complete_send(i);
+        }
     }
 
     pub(crate) fn maybe_complete_send(&mut self, i: u32) {
@@ -1208,7 +1232,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 return Err(DropReason::OutOfWindow);
             }
             if a != Accept::Duplicate {
-                self.check_reliable(p, ft, h)?;
+                self.check_reliable(p, ft, h, payload)?;
             }
             accept = Some(a);
         }
@@ -1233,7 +1257,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 if a == Accept::OutOfWindow {
                     return Err(DropReason::OutOfWindow);
                 }
-                self.check_reliable(p, ft, h)?;
+                self.check_reliable(p, ft, h, payload)?;
                 accept = Some(a);
             }
         }
@@ -1269,7 +1293,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                     Some(Accept::New { in_order }) => {
                         peer.rcv.commit(h.seq);
                         if in_order && peer.rcv.sack == 0 {
-                            peer.unacked += 1;
+                            // A PACK counts as its messages: its sender waits for
+                            // the ack to have their buffers back.
+                            peer.unacked += if ft == FrameType::Pack {
+                                h.msg_len as u32
+                            } else {
+                                1
+                            };
                             if peer.unacked >= self.cfg.ack_every {
                                 peer.ack_now = true;
                             } else if peer.ack_at == Time::NEVER {
@@ -1296,9 +1326,16 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     }
 
     /// Semantic checks of a new reliable frame in an established session.
-    fn check_reliable(&self, p: u16, ft: FrameType, h: &Header) -> Result<(), DropReason> {
+    fn check_reliable(
+        &self,
+        p: u16,
+        ft: FrameType,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<(), DropReason> {
         match ft {
             FrameType::Eager => self.check_eager(p, h),
+            FrameType::Pack => self.check_pack(p, h, payload),
             FrameType::Rts => self.check_rts(p, h),
             FrameType::Pull | FrameType::Notify => self.check_pull_or_notify(p, ft, h),
             FrameType::PullData => self.check_pull_data(p, h),
@@ -1309,6 +1346,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     fn apply_reliable(&mut self, now: Time, p: u16, ft: FrameType, h: &Header, payload: &[u8]) {
         match ft {
             FrameType::Eager => self.on_eager(now, p, h, payload),
+            FrameType::Pack => self.on_pack(now, p, h, payload),
             FrameType::Rts => self.on_rts(now, p, h),
             FrameType::Pull => self.on_pull(p, h),
             FrameType::PullData => self.on_pull_data(p, h, payload),
@@ -1404,6 +1442,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// until it returns `None` after every other entry point; the frames must go out in
     /// the order they come.
     ///
+    /// Room in `buf` past the headers, up to one frame's payload, lets the core pack
+    /// small messages queued together into one PACK frame, written whole into `buf`
+    /// (then [`Transmit::header_len`] covers the records too). Give buffers of the
+    /// same length every time: a lost PACK is rebuilt in the buffer of the call that
+    /// sends it again.
+    ///
     /// # Panics
     /// When `buf` is shorter than [`FRAME_HEADER_LEN`].
     #[must_use]
@@ -1478,10 +1522,16 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             }
             return None;
         }
-        // Retransmissions first: they hold the window back.
+        // Retransmissions first: they hold the window back. (A PACK is rebuilt in `buf`:
+        // one that does not fit a shorter buffer than it was built in waits.)
+        let room = buf.len() - FRAME_HEADER_LEN;
         if peer.lost > 0 {
             let mut i = peer.inflight.head;
-            while i != NIL && !self.frames[i as usize].lost {
+            while i != NIL
+                && !(self.frames[i as usize].lost
+                    && (self.frames[i as usize].kind != FrameType::Pack
+                        || self.frames[i as usize].offset <= room as u64))
+            {
                 i = self.frame_links.next(i);
             }
             if i != NIL {
@@ -1503,7 +1553,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let window_open = peer.snd_next.wrapping_sub(una) < self.cfg.window;
         let has_new = !peer.ctrl.is_empty() || !peer.pulls.is_empty() || peer.cursor != NIL;
         if window_open && has_new {
-            if let Some(i) = self.next_new_frame(p) {
+            if let Some(i) = self.next_new_frame(p, room) {
                 let peer = &mut self.peers[p as usize];
                 let f = &mut self.frames[i as usize];
                 f.seq = peer.snd_next;
@@ -1536,8 +1586,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
 
     /// Picks the next new reliable frame of peer `p`: control frames first, then
     /// rendezvous data and the next message's first-pass frames (credit permitting) in
-    /// turn.
-    fn next_new_frame(&mut self, p: u16) -> Option<u32> {
+    /// turn. `room` is the payload a frame built now can hold in place (for a PACK).
+    fn next_new_frame(&mut self, p: u16, room: usize) -> Option<u32> {
         let peer = &mut self.peers[p as usize];
         if let Some(i) = self.frame_links.pop_front(&mut peer.ctrl) {
             return Some(i);
@@ -1546,7 +1596,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         // hold back the small messages queued behind it.
         peer.msgs_turn = !peer.msgs_turn;
         if peer.msgs_turn {
-            if let Some(i) = self.next_message_frame(p) {
+            if let Some(i) = self.next_message_frame(p, room) {
                 return Some(i);
             }
             self.rndv_next_data_frame(p)
@@ -1554,35 +1604,101 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             if let Some(i) = self.rndv_next_data_frame(p) {
                 return Some(i);
             }
-            self.next_message_frame(p)
+            self.next_message_frame(p, room)
         }
     }
 
-    fn next_message_frame(&mut self, p: u16) -> Option<u32> {
+    /// Charges send `s_idx` to peer `p` against the peer's credit, when it can be.
+    fn charge(&mut self, p: u16, s_idx: u32) -> bool {
+        let charge = self.sends[s_idx as usize].charge();
+        let peer = &mut self.peers[p as usize];
+        let avail = peer.credit_limit.wrapping_sub(peer.credit_used) as i32;
+        if !peer.credit_known || avail < charge as i32 {
+            if !peer.credit_stalled {
+                peer.credit_stalled = true;
+                peer.stats.credit_stalls += 1;
+            }
+            return false;
+        }
+        peer.credit_used = peer.credit_used.wrapping_add(charge);
+        self.sends[s_idx as usize].started = true;
+        true
+    }
+
+    /// Whether send `s` is a small eager message nothing of which left yet.
+    #[inline]
+    fn packable(&self, s: &SendSlot<S>) -> bool {
+        !s.rndv && s.emitted == 0 && s.len <= u64::from(self.cfg.pack_below)
+    }
+
+    /// How many messages go in one PACK, starting with the charged send `first` at
+    /// peer `p`'s cursor, in `room` bytes of payload: the queued messages that follow
+    /// it while they are packable, fit, and can be charged (they are charged here).
+    /// Below 2, `first` leaves in a frame of its own. Returns the count and the bytes.
+    fn pack_run(&mut self, p: u16, first: u32, room: usize) -> (u32, usize) {
+        let s = &self.sends[first as usize];
+        let room = room.min(self.max_payload);
+        if self.cfg.pack_max < 2 || !self.packable(s) {
+            return (1, 0);
+        }
+        let mut used = PACK_RECORD_LEN + s.len as usize;
+        if used > room {
+            return (1, 0);
+        }
+        let (mut n, mut j) = (1u32, first);
+        while n < u32::from(self.cfg.pack_max) {
+            let k = self.send_links.next(j);
+            if k == NIL {
+                break;
+            }
+            let t = &self.sends[k as usize];
+            let need = PACK_RECORD_LEN + t.len as usize;
+            if t.started || !self.packable(t) || used + need > room || !self.charge(p, k) {
+                break;
+            }
+            used += need;
+            n += 1;
+            j = k;
+        }
+        (n, used)
+    }
+
+    fn next_message_frame(&mut self, p: u16, room: usize) -> Option<u32> {
         let s_idx = self.peers[p as usize].cursor;
         if s_idx == NIL {
             return None;
         }
-        let s = &self.sends[s_idx as usize];
-        if !s.started {
-            let charge = if s.rndv {
-                rts_charge()
-            } else {
-                eager_charge(s.len)
-            } as u32;
-            let peer = &mut self.peers[p as usize];
-            let avail = peer.credit_limit.wrapping_sub(peer.credit_used) as i32;
-            if !peer.credit_known || avail < charge as i32 {
-                if !peer.credit_stalled {
-                    peer.credit_stalled = true;
-                    peer.stats.credit_stalls += 1;
-                }
-                return None;
-            }
-            peer.credit_used = peer.credit_used.wrapping_add(charge);
-            self.sends[s_idx as usize].started = true;
+        if !self.sends[s_idx as usize].started && !self.charge(p, s_idx) {
+            return None;
         }
         let i = self.frame_free.alloc()?;
+        let (n, bytes) = self.pack_run(p, s_idx, room);
+        if n > 1 {
+            // Every message of the run leaves whole in this frame.
+            let mut j = s_idx;
+            for _ in 0..n {
+                let s = &mut self.sends[j as usize];
+                s.emitted = s.len;
+                s.first_pass_done = true;
+                s.inflight += 1;
+                j = self.send_links.next(j);
+            }
+            self.frames[i as usize] = TxFrame {
+                seq: 0,
+                kind: FrameType::Pack,
+                lost: false,
+                retx: 0,
+                sent_at: Time::ZERO,
+                slot: s_idx,
+                msg_id: self.sends[s_idx as usize].msg_id,
+                offset: bytes as u64,
+                len: n,
+            };
+            let peer = &mut self.peers[p as usize];
+            peer.cursor = j;
+            peer.stats.msgs_packed += u64::from(n);
+            return Some(i);
+        }
         let max_payload = self.max_payload as u64;
         let s = &mut self.sends[s_idx as usize];
         let (kind, offset, len) = if s.rndv {
@@ -1624,6 +1740,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         h.seq = f.seq;
         h.msg_id = f.msg_id;
         let mut payload = None;
+        let mut packed = 0;
         match f.kind {
             FrameType::Eager | FrameType::Rts | FrameType::PullData => {
                 let s = &self.sends[f.slot as usize];
@@ -1643,13 +1760,32 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 h.frag_offset = f.offset;
                 h.msg_len = f.len as u64;
             }
+            FrameType::Pack => {
+                // The records, written in place behind the header (the messages
+                // are still queued, side by side, from `slot` on).
+                let out = &mut buf[FRAME_HEADER_LEN..];
+                let mut j = f.slot;
+                for _ in 0..f.len {
+                    let s = &self.sends[j as usize];
+                    let data = s.buf.as_ref().expect("a packed send is live").as_ref();
+                    packed += write_pack_record(&mut out[packed..], s.match_bits, data);
+                    j = self.send_links.next(j);
+                }
+                debug_assert_eq!(packed as u64, f.offset);
+                h.msg_len = u64::from(f.len);
+                h.payload_len = packed as u16;
+                if h.flags & flags::CSUM_HEADER != 0 {
+                    // The records are headers too.
+                    h.flags |= flags::CSUM_PAYLOAD;
+                }
+            }
             _ => {}
         }
         if self.peers[p as usize].rto_at == Time::NEVER {
             let rto = self.peers[p as usize].rtt.rto(self.cfg.rto_max);
             self.peers[p as usize].rto_at = now + rto;
         }
-        self.finish_emit(p, &h, buf, payload)
+        self.finish_emit(p, &h, buf, payload, packed)
     }
 
     fn emit_control(&mut self, p: u16, ft: FrameType, ping: bool, buf: &mut [u8]) -> Transmit {
@@ -1677,26 +1813,30 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             h.dst_mac = MacAddr::BROADCAST;
             self.peers[p as usize].greet_all = false;
         }
-        self.finish_emit(p, &h, buf, None)
+        self.finish_emit(p, &h, buf, None, 0)
     }
 
+    /// Writes the header; `inline` bytes written after it already (a PACK's records)
+    /// belong to the frame.
     fn finish_emit(
         &mut self,
         p: u16,
         h: &Header,
         buf: &mut [u8],
         payload: Option<PayloadRef>,
+        inline: usize,
     ) -> Transmit {
         let n = h.emit(buf, self.cfg.ethertype);
         if h.flags & flags::CSUM_HEADER != 0 {
+            let (head, rest) = buf.split_at_mut(n);
             let data = match payload {
-                Some(pr) if h.flags & flags::CSUM_PAYLOAD != 0 => {
-                    self.payload(&pr).expect("payload of a live send")
-                }
-                _ => &[],
+                _ if h.flags & flags::CSUM_PAYLOAD == 0 => &[][..],
+                Some(pr) => self.payload(&pr).expect("payload of a live send"),
+                None => &rest[..inline],
             };
-            Frame::new_unchecked(&mut buf[..n]).fill_checksum(data);
+            Frame::new_unchecked(head).fill_checksum(data);
         }
+        let n = n + inline;
         let peer = &mut self.peers[p as usize];
         if h.dst_epoch != 0 {
             peer.credit_advertised = h.credit;

@@ -7,6 +7,9 @@
 //! same sender. A one-frame message that is matchable at once and finds a posted receive
 //! takes a fast path with no envelope at all. This module copies payload (into the
 //! store or the receive buffer) but never on the send side.
+//!
+//! A PACK is a run of whole one-frame messages: each of its records is taken as the
+//! EAGER frame it stands for, in order, once all of them were checked.
 
 use super::core::Lend;
 use super::core::{msg_key, Core, MsgState, RecvState};
@@ -14,7 +17,21 @@ use super::matching::eager_charge;
 use super::slab::NIL;
 use super::RecvBuffer;
 use super::{RequestId, Time};
-use crate::wire::{DropReason, Header};
+use crate::wire::{DropReason, FrameType, Header, Packed};
+
+/// The EAGER header that record `k` (`match_bits`, `data`) of PACK `h` stands for.
+#[inline]
+fn packed_header(h: &Header, k: usize, match_bits: u64, data: &[u8]) -> Header {
+    Header {
+        frame_type: FrameType::Eager,
+        msg_id: h.msg_id.wrapping_add(k as u32),
+        match_bits,
+        msg_len: data.len() as u64,
+        frag_offset: 0,
+        payload_len: data.len() as u16,
+        ..*h
+    }
+}
 
 impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Checks a new EAGER fragment against the state, changing nothing.
@@ -56,6 +73,36 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             return Err(DropReason::Resources);
         }
         Ok(())
+    }
+
+    /// Checks a new PACK against the state, changing nothing: every message as an
+    /// EAGER frame, and their credit and envelopes together. (That the records add
+    /// up to the count, [`Header::parse`](crate::wire::Header::parse) checked.)
+    pub(crate) fn check_pack(&self, p: u16, h: &Header, payload: &[u8]) -> Result<(), DropReason> {
+        let mut charge = 0;
+        for (k, (bits, data)) in Packed::unchecked(payload).enumerate() {
+            let m = packed_header(h, k, bits, data);
+            self.check_eager(p, &m)?;
+            charge += eager_charge(m.msg_len);
+        }
+        if self.peers[p as usize].held + charge > self.peer_credit {
+            return Err(DropReason::Protocol);
+        }
+        if (self.msg_free.available() as u64) < h.msg_len {
+            return Err(DropReason::Resources);
+        }
+        Ok(())
+    }
+
+    /// Applies a new PACK (checked by [`check_pack`](Self::check_pack)): its messages
+    /// one by one, as EAGER frames. None is lent: one frame cannot go to several
+    /// receives, so lending receives get copies.
+    pub(crate) fn on_pack(&mut self, now: Time, p: u16, h: &Header, payload: &[u8]) {
+        let lend = self.lend_base.take();
+        for (k, (bits, data)) in Packed::unchecked(payload).enumerate() {
+            self.on_eager(now, p, &packed_header(h, k, bits, data), data);
+        }
+        self.lend_base = lend;
     }
 
     /// Applies a new EAGER fragment (checked by [`check_eager`](Self::check_eager)).

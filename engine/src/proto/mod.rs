@@ -2,9 +2,10 @@
 //!
 //! Everything here is sans-IO. The [`Core`] takes untrusted frames, the current time and
 //! application requests in, and gives frames, wake-up times and completions out. It owns
-//! no clock, no thread, no socket and no DPDK object, and it never copies payload on the
-//! send side: data frames leave as a [`PayloadRef`] into the send's buffer. It must not
-//! grow: every table is sized from [`CoreConfig`] when the core is built.
+//! no clock, no thread, no socket and no DPDK object, and it copies payload on the send
+//! side only to pack small messages: data frames leave as a [`PayloadRef`] into the
+//! send's buffer. It must not grow: every table is sized from [`CoreConfig`] when the
+//! core is built.
 //!
 //! Submodules, bottom up:
 //! - [`reliability`]: per-pair sequence numbers, cumulative + selective acks, RTT and
@@ -18,10 +19,12 @@
 //! # Design in brief
 //! - **Frames** ([`crate::wire`]): one fixed 76-byte header after Ethernet; control frames
 //!   (HELLO, ACK, PULL, NOTIFY) have no body, data frames (EAGER, PULL_DATA) carry
-//!   payload right after the header.
+//!   payload right after the header. Small eager messages queued together for one peer
+//!   leave packed, up to `pack_max` per frame (PACK), each message a short record.
 //! - **Reliability**, per ordered endpoint pair: 32-bit sequence numbers on reliable
 //!   frames, selective repeat within a 64-frame window. Every header carries the
-//!   cumulative ack and a 64-bit SACK bitmap; pure ACKs go out after `ack_every` frames or
+//!   cumulative ack and a 64-bit SACK bitmap; pure ACKs go out after `ack_every` frames
+//!   (a PACK counts as its messages, so that its sender gets its buffers back) or
 //!   `ack_delay`, at once on a gap or duplicate. Loss is detected by three later SACKed
 //!   frames (first transmissions) or, RACK-style, by a later-sent frame being acked, and
 //!   by the retransmission timeout (RFC 6298 estimate, exponential backoff).
@@ -249,7 +252,8 @@ pub struct CoreConfig {
     pub pull_inflight: u8,
     /// Longest an acknowledgement waits to be coalesced or piggybacked.
     pub ack_delay: Duration,
-    /// Acknowledge at once after this many unacknowledged in-order frames.
+    /// Acknowledge at once after this many unacknowledged in-order frames (a PACK
+    /// counts as the messages it carries).
     pub ack_every: u32,
     /// Retransmission timeout before the first RTT sample.
     pub rto_initial: Duration,
@@ -263,6 +267,14 @@ pub struct CoreConfig {
     pub peer_timeout: Duration,
     /// Checksum coverage.
     pub checksum: ChecksumMode,
+    /// Most messages one PACK frame carries (see [`wire`](crate::wire)): eager messages
+    /// of at most [`pack_below`](Self::pack_below) bytes queued together for one peer
+    /// leave in one frame. 1 turns packing off. A message queued alone always leaves
+    /// in a frame of its own at once: packing never waits for company.
+    pub pack_max: u16,
+    /// Messages up to this many bytes may be packed (copied into the frame); longer
+    /// ones are sent by reference from their buffer.
+    pub pack_below: u32,
 }
 
 impl Default for CoreConfig {
@@ -287,6 +299,8 @@ impl Default for CoreConfig {
             keepalive: Duration::from_millis(10),
             peer_timeout: Duration::from_secs(1),
             checksum: ChecksumMode::Header,
+            pack_max: 16,
+            pack_below: 256,
         }
     }
 }
@@ -337,6 +351,9 @@ impl CoreConfig {
         }
         if self.pull_inflight == 0 || self.pull_inflight > 8 || self.pull_block == 0 {
             return Err(E::Pull);
+        }
+        if self.pack_max == 0 {
+            return Err(E::Table("pack_max"));
         }
         if self.peer_credit() > (1 << 30)
             || self.peer_credit() < matching::eager_charge(self.eager_threshold)

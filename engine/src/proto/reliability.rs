@@ -214,15 +214,20 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 self.frame_links.remove(&mut peer.inflight, i);
                 self.frame_free.release(i);
                 progress = true;
-                if matches!(
-                    f.kind,
-                    FrameType::Eager | FrameType::Rts | FrameType::PullData
-                ) {
-                    let s = &mut self.sends[f.slot as usize];
-                    s.inflight -= 1;
-                    if s.inflight == 0 {
-                        self.maybe_complete_send(f.slot);
+                match f.kind {
+                    FrameType::Eager | FrameType::Rts | FrameType::PullData => {
+                        self.frame_acked(f.slot)
                     }
+                    FrameType::Pack => {
+                        let mut j = f.slot;
+                        for _ in 0..f.len {
+                            // (taken first: the send may complete and leave the list)
+                            let next = self.send_links.next(j);
+                            self.frame_acked(j);
+                            j = next;
+                        }
+                    }
+                    _ => {}
                 }
             }
             i = next;

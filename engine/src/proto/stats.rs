@@ -28,6 +28,9 @@ pub struct PeerStats {
     pub credit_stalls: u64,
     /// Times the send window filled up while frames waited (once per stall).
     pub window_stalls: u64,
+    /// Messages sent packed with others, several to a PACK frame (first
+    /// transmissions).
+    pub msgs_packed: u64,
     /// Keepalive probes sent.
     pub keepalives_sent: u64,
     /// Handshake frames sent.

@@ -127,6 +127,9 @@ pub struct Driver<L: PacketIo> {
     lent: Vec<(usize, RequestId, Lent)>,
     /// Frames that could not be built (no buffer, payload refused).
     build_failures: u64,
+    /// Bytes a frame is built in: headers plus one frame's payload, so that the
+    /// cores can pack small messages in place.
+    room: usize,
 }
 
 const NO_CORE: u8 = u8::MAX;
@@ -160,7 +163,12 @@ impl<L: PacketIo> Driver<L> {
             *slot = i as u8;
         }
         let ethertype = cores[0].config().ethertype;
+        let payload = cores.iter().map(|c| c.config().frame_payload()).max();
+        let room = (FRAME_HEADER_LEN + payload.unwrap_or(0))
+            .min(io.max_frame())
+            .max(FRAME_HEADER_LEN);
         Driver {
+            room,
             cores,
             route,
             ethertype,
@@ -274,7 +282,15 @@ impl<L: PacketIo> Driver<L> {
                         Err(_) => break 'cores,
                     },
                 };
-                let Ok(hdr) = self.io.put(&mut f, FRAME_HEADER_LEN) else {
+                let mut put = self.io.put(&mut f, self.room).is_ok();
+                if !put && self.room > FRAME_HEADER_LEN {
+                    // This link's buffers hold less than a frame (jumbo frames
+                    // in segments): headers only from now on, nothing packed.
+                    self.room = FRAME_HEADER_LEN;
+                    put = self.io.put(&mut f, FRAME_HEADER_LEN).is_ok();
+                }
+                // (a new or spare frame holds just what was put)
+                let Some(hdr) = put.then(|| f.bytes_mut()).flatten() else {
                     self.build_failures += 1;
                     break 'cores;
                 };

@@ -97,6 +97,10 @@ pub struct ProtocolConfig {
     pub pull_block: Option<u32>,
     /// Pulls in flight per rendezvous receive (1..=8).
     pub pull_inflight: Option<u8>,
+    /// Most small messages packed into one frame (1: no packing).
+    pub pack_max: Option<u16>,
+    /// Messages up to this many bytes may be packed.
+    pub pack_below: Option<u32>,
     /// Most peers.
     pub max_peers: Option<usize>,
     /// Most outstanding sends.
@@ -128,6 +132,8 @@ impl ProtocolConfig {
             unexpected_bytes: self.unexpected_bytes.unwrap_or(d.unexpected_bytes),
             pull_block: self.pull_block.unwrap_or(d.pull_block),
             pull_inflight: self.pull_inflight.unwrap_or(d.pull_inflight),
+            pack_max: self.pack_max.unwrap_or(d.pack_max),
+            pack_below: self.pack_below.unwrap_or(d.pack_below),
             peer_timeout: us(self.peer_timeout_us, d.peer_timeout),
             keepalive: us(self.keepalive_us, d.keepalive),
             rto_initial: us(self.rto_initial_us, d.rto_initial),
@@ -323,10 +329,14 @@ enum Cmd {
 }
 
 enum Event {
-    Done { req: Request, c: Completed },
+    Done {
+        req: Request,
+        c: Completed,
+    },
     Probe(Option<ProbeInfo>),
     AddPeer(Result<(), Error>),
-    Stats(Option<PeerStats>, IoStats),
+    /// (boxed: rare, and large next to the completions the ring mostly carries)
+    Stats(Box<(Option<PeerStats>, IoStats)>),
     Peers(Vec<PeerStatus>),
 }
 
@@ -812,7 +822,7 @@ fn poll_thread(
                     }
                     Cmd::Stats { addr } => {
                         let st = core.peer_id(addr).and_then(|p| core.peer_stats(p).copied());
-                        backlog[ep].push_back(Event::Stats(st, driver.io_stats()));
+                        backlog[ep].push_back(Event::Stats(Box::new((st, driver.io_stats()))));
                     }
                     Cmd::Peers => backlog[ep].push_back(Event::Peers(peer_status(core, now))),
                     Cmd::Abort => core.abort_all(now),
@@ -1029,7 +1039,8 @@ impl Endpoint {
     /// [`RecvBuf::Lending`]): a message that fits one frame and arrives after
     /// this call completes with [`RecvBuf::Lent`], read in place from the
     /// port's receive buffer, which goes back to the port when it is dropped.
-    /// Other messages up to the eager threshold come back copied
+    /// Other messages up to the eager threshold (those that came packed with
+    /// others in one frame among them) come back copied
     /// ([`RecvBuf::Owned`]); longer ones are truncated to it.
     ///
     /// ```no_run
@@ -1291,7 +1302,7 @@ impl Endpoint {
                 Ok((st, d.io_stats()))
             }
             Mode::Thread => match self.control(Cmd::Stats { addr: peer })? {
-                Event::Stats(s, io) => Ok((s, io)),
+                Event::Stats(s) => Ok(*s),
                 _ => Err(Error::WrongKind),
             },
         }

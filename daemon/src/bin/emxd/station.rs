@@ -671,6 +671,7 @@ impl Station {
                     acks_received: s.acks_received,
                     credit_stalls: s.credit_stalls,
                     window_stalls: s.window_stalls,
+                    msgs_packed: s.msgs_packed,
                     keepalives_sent: s.keepalives_sent,
                     hellos_sent: s.hellos_sent,
                     dropped: s.dropped.total(),
