@@ -43,6 +43,27 @@ fn transfer(sim: &mut TestSim, a: usize, b: usize, len: usize, tag: u64) {
     assert!(ok, "transfer {a}->{b} of {len} bytes did not finish");
 }
 
+/// Runs until `n` requests finished (by `deadline`): (node, ctx, error), sorted.
+fn outcomes(
+    sim: &mut TestSim,
+    n: usize,
+    deadline: emx::proto::Time,
+) -> Vec<(usize, u64, Option<RequestError>)> {
+    let mut done = Vec::new();
+    let ok = sim.run_until(deadline, |sim| {
+        for (k, c) in drain(sim) {
+            match c {
+                Completion::Send(s) => done.push((k, s.ctx, s.result.err())),
+                Completion::Recv(r) => done.push((k, r.ctx, r.result.err())),
+            }
+        }
+        done.len() >= n
+    });
+    assert!(ok, "only {done:?} of {n} requests finished");
+    done.sort_by_key(|f| (f.0, f.1));
+    done
+}
+
 #[test]
 fn receiver_restarts_mid_transfer() {
     let cfg = cfg();
@@ -161,18 +182,7 @@ fn vanished_peer_is_declared_unreachable() {
     sim.run_until(now + Duration::from_micros(100), |_| false);
     let gone_at = sim.now();
     sim.set_up(1, false);
-    let mut failed = Vec::new();
-    let ok = sim.run_until(gone_at + Duration::from_secs(5), |sim| {
-        for (k, c) in drain(sim) {
-            match c {
-                Completion::Send(s) => failed.push((k, s.ctx, s.result.err())),
-                Completion::Recv(r) => failed.push((k, r.ctx, r.result.err())),
-            }
-        }
-        failed.len() == 2
-    });
-    assert!(ok, "requests did not fail: {failed:?}");
-    failed.sort_by_key(|f| f.1);
+    let failed = outcomes(&mut sim, 2, gone_at + Duration::from_secs(5));
     assert_eq!(
         failed,
         vec![
@@ -301,4 +311,123 @@ fn one_way_link_fails_the_sender_in_time() {
         took <= cfg.peer_timeout + Duration::from_millis(2),
         "took {took:?}"
     );
+}
+
+/// Runs until both nodes of a two-node sim see each other in session (or 1 s passes).
+fn until_both_up(sim: &mut TestSim) -> bool {
+    let deadline = sim.now() + Duration::from_secs(1);
+    sim.run_until(deadline, |sim| {
+        (0..2).all(|k| {
+            let i = sim.core_ref(k).peer_info(PeerId(0)).unwrap();
+            !i.dead && i.epoch != 0
+        })
+    })
+}
+
+#[test]
+fn partition_where_both_sides_gave_up_heals_on_reconnect() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 1000, 1);
+    transfer(&mut sim, 1, 0, 1000, 2);
+    let (e0, e1) = (sim.core_ref(0).epoch(), sim.core_ref(1).epoch());
+    // Each waits on the other; then the link breaks both ways.
+    let now = sim.now();
+    for k in 0..2 {
+        sim.core(k)
+            .post_recv(now, Some(addr(1 - k)), 9, !0, vec![0; 8], 90)
+            .unwrap();
+    }
+    sim.core(0)
+        .send(now, addr(1), 5, pattern(5, 100_000), 5)
+        .unwrap();
+    sim.set_blocked(0, 1, true);
+    sim.set_blocked(1, 0, true);
+    let failed = outcomes(&mut sim, 3, now + Duration::from_secs(2));
+    assert_eq!(
+        failed,
+        vec![
+            (0, 5, Some(RequestError::PeerUnreachable)),
+            (0, 90, Some(RequestError::PeerUnreachable)),
+            (1, 90, Some(RequestError::PeerUnreachable)),
+        ]
+    );
+    // The link heals, but each side has given the other up: nothing moves.
+    sim.set_blocked(0, 1, false);
+    sim.set_blocked(1, 0, false);
+    sim.run_until(sim.now() + Duration::from_secs(1), |_| false);
+    assert_eq!(sim.next_event(), None);
+    for k in 0..2 {
+        assert!(sim.core_ref(k).peer_info(PeerId(0)).unwrap().dead);
+    }
+    // One side tries again: both start a new session, whose epochs are new to the
+    // other side (each moved its own on when it gave the other up).
+    let now = sim.now();
+    assert!(sim.core(0).reconnect(now, PeerId(0)));
+    assert!(!sim.core(0).reconnect(now, PeerId(0)), "only a dead peer");
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 99, !0, vec![0; 8], 91)
+        .unwrap();
+    assert!(until_both_up(&mut sim), "the sessions did not come back");
+    assert_eq!(
+        sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch,
+        e1.wrapping_add(1)
+    );
+    assert_eq!(
+        sim.core_ref(1).peer_info(PeerId(0)).unwrap().epoch,
+        e0.wrapping_add(1)
+    );
+    transfer(&mut sim, 1, 0, 50_000, 9);
+    transfer(&mut sim, 0, 1, 50_000, 3);
+    transfer(&mut sim, 1, 0, 10, 4);
+}
+
+#[test]
+fn peer_given_up_one_sided_comes_back_when_it_speaks() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 1000, 1);
+    // Node 0 waits on node 1 and no longer hears it; node 1 waits on nothing, so it
+    // does not give node 0 up.
+    let now = sim.now();
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 9, !0, vec![0; 8], 90)
+        .unwrap();
+    sim.set_blocked(1, 0, true);
+    let mut failed = Vec::new();
+    sim.run_until(now + Duration::from_secs(1), |sim| {
+        failed.extend(drain(sim));
+        !failed.is_empty()
+    });
+    assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+    assert!(!sim.core_ref(1).peer_info(PeerId(0)).unwrap().dead);
+    sim.set_blocked(1, 0, false);
+    // Node 1 sends in its old session: node 0 refuses it and answers with its new
+    // epoch, so node 1's send fails as if node 0 had restarted, and the new session
+    // starts on both sides.
+    let now = sim.now();
+    sim.core(1)
+        .send(now, addr(0), 6, b"old".to_vec(), 6)
+        .unwrap();
+    let mut got = Vec::new();
+    let ok = sim.run_until(now + Duration::from_millis(100), |sim| {
+        got.extend(drain(sim));
+        !got.is_empty()
+    });
+    assert!(ok, "the old session's send did not finish");
+    match &got[..] {
+        [(1, Completion::Send(s))] => assert_eq!(s.result, Err(RequestError::PeerRestarted)),
+        other => panic!("unexpected completions {other:?}"),
+    }
+    assert!(
+        sim.core_ref(0)
+            .peer_stats(PeerId(0))
+            .unwrap()
+            .dropped
+            .get(DropReason::DeadPeer)
+            > 0
+    );
+    assert!(until_both_up(&mut sim), "the sessions did not come back");
+    transfer(&mut sim, 1, 0, 5000, 7);
+    transfer(&mut sim, 0, 1, 5000, 8);
 }

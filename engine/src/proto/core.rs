@@ -25,7 +25,11 @@
 //! start time); they are compared as serial numbers, so they may wrap, and after a
 //! silence past the liveness deadline any new epoch counts as a restart. A peer silent for `peer_timeout` while something waits on it is declared
 //! unreachable: its requests fail with [`RequestError::PeerUnreachable`] and its session
-//! is over until it comes back with a higher epoch.
+//! is over. Our epoch for that peer moves on at once, so whatever follows is a new
+//! session on both sides: it comes back when it restarts (a new epoch), when it speaks
+//! to us again in its old session (we answer with a HELLO: it fails what it still had in
+//! flight to us, as for a restart, and starts over), or when we greet it again with
+//! [`Core::reconnect`] (a healed partition where both sides gave up).
 //!
 //! # Credits
 //! Each peer may have `unexpected_bytes / max_peers` bytes of charge against this core's
@@ -530,7 +534,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             return Err(PeerError::TableFull);
         }
         let id = self.peers.len() as u16;
-        self.peers.push(Peer::new(addr, mac, self.cfg.rto_initial));
+        self.peers
+            .push(Peer::new(addr, mac, self.cfg.rto_initial, self.epoch));
         self.peer_map.insert(addr.key(), id);
         Ok(PeerId(id))
     }
@@ -553,6 +558,34 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Counters of one peer.
     pub fn peer_stats(&self, peer: PeerId) -> Option<&PeerStats> {
         self.peers.get(peer.0 as usize).map(|p| &p.stats)
+    }
+
+    /// Tries again with a peer declared unreachable (after a partition, say): requests
+    /// naming it are accepted again and a HELLO leaves at once. Its old session stays
+    /// over: our epoch for it has moved on, so when it answers it first fails what it
+    /// still had in flight to us (as if we had restarted), and both sides start a new
+    /// session. As with any peer, it is declared unreachable again if it stays silent
+    /// past the liveness deadline while something waits on it (post a receive naming it
+    /// to watch it: the HELLO is repeated until then). Returns whether it was
+    /// unreachable; a live peer is left as it is.
+    pub fn reconnect(&mut self, now: Time, peer: PeerId) -> bool {
+        let p = peer.0;
+        let Some(pe) = self.peers.get_mut(p as usize) else {
+            return false;
+        };
+        if !pe.dead {
+            return false;
+        }
+        pe.dead = false;
+        pe.hello_now = true;
+        // It may have come back elsewhere.
+        pe.greet_all = pe.auto_mac;
+        pe.last_probe = now;
+        pe.live_base = now;
+        pe.rtt.reset_backoff();
+        self.mark_ready(p);
+        self.touch(p);
+        true
     }
 
     /// A snapshot of one peer's session state.
@@ -1154,7 +1187,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // (A peer declared dead has no epoch any more: it comes back with any.)
             let learn = peer.auto_mac
                 && h.src_mac.is_unicast()
-                && !(peer.dead && h.src_epoch == peer.dead_epoch)
+                && !peer.old_session(&h)
                 && (peer.mac == MacAddr::BROADCAST
                     || peer.epoch == 0
                     || epoch_after(h.src_epoch, peer.epoch));
@@ -1194,20 +1227,28 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     ) -> Result<(), DropReason> {
         let ft = h.frame_type;
         // Epochs first: nothing of a frame from another session may touch this one.
-        if h.dst_epoch != 0 && h.dst_epoch != self.epoch {
-            // Meant for an earlier incarnation of this endpoint: tell the peer who we are.
-            self.peers[p as usize].hello_now = true;
-            return Err(DropReason::StaleEpoch);
+        {
+            let peer = &mut self.peers[p as usize];
+            // The session a peer declared dead was in is over. Answering with a HELLO
+            // (our epoch for it moved on) tells it so: it starts over with us, failing
+            // what it had in flight as if we had restarted, and comes back.
+            if peer.old_session(h) {
+                peer.hello_now = true;
+                return Err(DropReason::DeadPeer);
+            }
+            if h.dst_epoch != 0 && h.dst_epoch != peer.my_epoch {
+                // Meant for an earlier session of ours: tell the peer who we are.
+                peer.hello_now = true;
+                return Err(DropReason::StaleEpoch);
+            }
         }
         {
             let peer = &self.peers[p as usize];
             // Epochs are compared as serial numbers (they wrap). A peer declared
-            // dead comes back with any other epoch; a live one with a later
+            // dead comes back with any other epoch, or with its old one once it
+            // has started over with us; a live one with a later
             // epoch, or with any other after a silence past the liveness
             // deadline (so long that serial order says nothing).
-            if peer.dead && h.src_epoch == peer.dead_epoch {
-                return Err(DropReason::DeadPeer);
-            }
             if !peer.dead
                 && peer.epoch != 0
                 && h.src_epoch != peer.epoch
@@ -1220,7 +1261,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         // Checks that need state but change none, so that a bad frame changes nothing.
         use super::reliability::Accept;
-        let ours = h.dst_epoch == self.epoch;
+        let ours = h.dst_epoch == self.peers[p as usize].my_epoch;
         let known = self.peers[p as usize].epoch == h.src_epoch && !self.peers[p as usize].dead;
         if ours && known {
             self.check_ack(p, h)?;
@@ -1498,7 +1539,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             src_ep: self.local.endpoint,
             dst_node: p.addr.node,
             dst_ep: p.addr.endpoint,
-            src_epoch: self.epoch,
+            src_epoch: p.my_epoch,
             dst_epoch: p.epoch,
             seq: 0,
             ack: p.rcv.next,
@@ -1514,7 +1555,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     fn peer_transmit(&mut self, now: Time, p: u16, buf: &mut [u8]) -> Option<Transmit> {
         let peer = &self.peers[p as usize];
         if peer.dead {
-            return None;
+            // Only the HELLO that answers its old session's frames goes to a dead peer.
+            return peer
+                .hello_now
+                .then(|| self.emit_control(p, FrameType::Hello, false, buf));
         }
         if peer.epoch == 0 || peer.hello_now {
             if peer.hello_now {

@@ -34,7 +34,8 @@
 //!   was sent is ever dropped for lack of room.
 //! - **Sessions**: HELLO handshake learns the peer's epoch; frames name both epochs; a
 //!   higher epoch means a restart and fails the old session's requests; silence past
-//!   `peer_timeout` while something waits on the peer declares it unreachable; keepalive
+//!   `peer_timeout` while something waits on the peer declares it unreachable (our epoch
+//!   for it moves on, so whatever follows is a new session on both sides); keepalive
 //!   probes (ACKs asking for an ACK) keep a quiet but living peer alive.
 //! - **Timers**: each peer's earliest deadline (delayed ack, retransmission, probe,
 //!   death) sits in a tournament tree; an entry point marks the peers whose timer state
@@ -432,7 +433,7 @@ pub enum SendError {
     /// Longer than the wire format allows.
     #[error("message too long")]
     TooLong,
-    /// The peer was declared unreachable and has not come back with a new epoch.
+    /// The peer was declared unreachable and has not come back (a new session).
     #[error("peer unreachable")]
     PeerUnreachable,
 }

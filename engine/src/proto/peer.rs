@@ -31,9 +31,13 @@ pub(crate) struct Peer {
     // Session.
     /// The peer's epoch (0: not known yet).
     pub(crate) epoch: u32,
-    /// Declared unreachable; frames of `dead_epoch` are refused.
+    /// Declared unreachable; frames of `dead_epoch` to our old session are refused.
     pub(crate) dead: bool,
     pub(crate) dead_epoch: u32,
+    /// Our epoch as this peer knows it: the core's own, moved on each time the peer is
+    /// declared dead, so that the session that follows is new on both sides (the peer
+    /// sees us restarted and fails what it had in flight to us).
+    pub(crate) my_epoch: u32,
 
     // Send half.
     pub(crate) snd_next: u32,
@@ -103,7 +107,7 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(crate) fn new(addr: Addr, mac: MacAddr, rto_initial: Duration) -> Self {
+    pub(crate) fn new(addr: Addr, mac: MacAddr, rto_initial: Duration, my_epoch: u32) -> Self {
         Peer {
             addr,
             mac,
@@ -112,6 +116,7 @@ impl Peer {
             epoch: 0,
             dead: false,
             dead_epoch: 0,
+            my_epoch,
             snd_next: 0,
             inflight: List::default(),
             ctrl: List::default(),
@@ -157,6 +162,13 @@ impl Peer {
     #[inline]
     pub(crate) fn monitored(&self) -> bool {
         self.involved > 0 || !self.inflight.is_empty() || !self.ctrl.is_empty()
+    }
+
+    /// Whether `h` belongs to the session this peer was in when it was declared dead:
+    /// its old epoch, and not yet addressed to our new one.
+    #[inline]
+    pub(crate) fn old_session(&self, h: &crate::wire::Header) -> bool {
+        self.dead && h.src_epoch == self.dead_epoch && h.dst_epoch != self.my_epoch
     }
 
     /// Whether our message `msg_id` may have been abandoned by [`Core::abort_all`].
@@ -299,6 +311,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         peer.dead = true;
         peer.dead_epoch = peer.epoch;
         peer.epoch = 0;
+        // A later epoch (0 means "not known"): to the peer, we have restarted.
+        peer.my_epoch = match peer.my_epoch.wrapping_add(1) {
+            0 => 1,
+            e => e,
+        };
     }
 
     /// Fails every request that involves `p`.

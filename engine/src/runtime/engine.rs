@@ -324,6 +324,9 @@ enum Cmd {
         addr: Addr,
     },
     Peers,
+    Reconnect {
+        addr: Addr,
+    },
     /// Abort every outstanding request of this endpoint.
     Abort,
 }
@@ -338,6 +341,7 @@ enum Event {
     /// (boxed: rare, and large next to the completions the ring mostly carries)
     Stats(Box<(Option<PeerStats>, IoStats)>),
     Peers(Vec<PeerStatus>),
+    Reconnect(bool),
 }
 
 /// A peer as an endpoint sees it: who it is, whether its session is up, when
@@ -351,12 +355,18 @@ pub struct PeerStatus {
     /// Its session epoch as known here (0: not learnt yet).
     pub epoch: u32,
     /// Declared unreachable (silent past the liveness deadline while
-    /// something waited on it); it comes back with a new epoch.
+    /// something waited on it); it comes back with a new epoch, when it
+    /// speaks to this endpoint again, or after
+    /// [`Endpoint::reconnect`].
     pub down: bool,
     /// Time since a frame of it was last accepted (`None`: never).
     pub silent_for: Option<Duration>,
     /// Its counters.
     pub stats: PeerStats,
+}
+
+fn reconnect(core: &mut Core<SendBuf, RecvBuf>, now: crate::proto::Time, addr: Addr) -> bool {
+    core.peer_id(addr).is_some_and(|p| core.reconnect(now, p))
 }
 
 fn peer_status(core: &Core<SendBuf, RecvBuf>, now: crate::proto::Time) -> Vec<PeerStatus> {
@@ -825,6 +835,9 @@ fn poll_thread(
                         backlog[ep].push_back(Event::Stats(Box::new((st, driver.io_stats()))));
                     }
                     Cmd::Peers => backlog[ep].push_back(Event::Peers(peer_status(core, now))),
+                    Cmd::Reconnect { addr } => {
+                        backlog[ep].push_back(Event::Reconnect(reconnect(core, now, addr)))
+                    }
                     Cmd::Abort => core.abort_all(now),
                 }
             }
@@ -1314,6 +1327,23 @@ impl Endpoint {
             Mode::Inline(d) => Ok(peer_status(d.core(0), self.clock.now())),
             Mode::Thread => match self.control(Cmd::Peers)? {
                 Event::Peers(v) => Ok(v),
+                _ => Err(Error::WrongKind),
+            },
+        }
+    }
+
+    /// Tries again with a peer declared unreachable (after a partition healed,
+    /// say): requests naming it are accepted again and a HELLO goes out. Both
+    /// sides start a new session: the peer fails what it still had in flight to
+    /// this endpoint as if it had restarted. Post a receive naming the peer to
+    /// keep greeting it until it answers; it is declared unreachable again if it
+    /// stays silent past the liveness deadline. Returns whether it was
+    /// unreachable (false for a live peer, or an address that is no peer here).
+    pub fn reconnect(&mut self, peer: Addr) -> Result<bool, Error> {
+        match &mut self.mode {
+            Mode::Inline(d) => Ok(reconnect(d.core(0), self.clock.now(), peer)),
+            Mode::Thread => match self.control(Cmd::Reconnect { addr: peer })? {
+                Event::Reconnect(r) => Ok(r),
                 _ => Err(Error::WrongKind),
             },
         }
