@@ -11,12 +11,17 @@
 #   wait_up I         wait until node I answers and sees every peer up
 #   stop_node I       stop node I with SIGTERM; fail unless emxd exited 0
 #   start_node I      start node I again
+#   partition I cut|heal   (optional) cut node I off the others, or join it again
 # The check:
 #   1. every node echoes eager and rendezvous messages off every other, byte-exact;
 #   2. the last node is stopped: every other reports it down within the
 #      liveness deadline, and the rest keep exchanging among themselves;
 #   3. it is started again and rejoins (with a new epoch); checks pass again;
-#   4. status and peers of every node, through emxctl.
+#   4. status and peers of every node, through emxctl;
+#   5. where the caller can partition: n1 is cut off until it and the others
+#      have given each other up, then joined again: every node sees every
+#      other up again (each greets the peers it gave up once per deadline),
+#      with no restart, and checks pass.
 
 cluster_file() {
     local id=$1 port=$2 format=$3 i
@@ -78,5 +83,16 @@ cluster_check() {
 
     say "4. status and peers of every node"
     for i in $(seq 1 "$N"); do ctl "$i" status; ctl "$i" peers; done
+
+    if declare -F partition >/dev/null; then
+        say "5. cutting n1 off until it and the others give each other up"
+        partition 1 cut
+        ctl 1 wait --peer n2 --state down --within 10 >/dev/null
+        for i in $(seq 2 "$N"); do ctl "$i" wait --peer n1 --state down --within 10 >/dev/null; done
+        partition 1 heal
+        for i in $(seq 1 "$N"); do ctl "$i" wait --state up --within 15 >/dev/null; done
+        ctl 1 check --sizes 1000,1M
+        say "the partition healed without a restart"
+    fi
     say "cluster check passed"
 }

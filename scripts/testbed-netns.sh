@@ -88,6 +88,13 @@ stop_node() {
     [ "$rc" = 0 ] || { say "emxd n$1 exited $rc on SIGTERM"; return 1; }
 }
 start_node() { start "$1"; }
+# Cuts node I off the bridge (its port down), or joins it again.
+partition() {
+    case "$2" in
+        cut) ip link set "${TAG}v$1" down ;;
+        heal) ip link set "${TAG}v$1" up ;;
+    esac
+}
 
 for i in $(seq 1 "$N"); do start "$i"; done
 cluster_check

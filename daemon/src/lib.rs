@@ -39,7 +39,12 @@
 //!   restarted` (a new epoch). A stopped node is therefore reported down
 //!   within the liveness deadline, whether or not traffic was flowing; a
 //!   restarted one is reported up again with its new epoch as soon as its
-//!   first frame arrives. A peer is "up" only once its epoch is known.
+//!   first frame arrives. A peer given up is greeted again once per
+//!   liveness deadline ([`emx::runtime::Endpoint::reconnect`]) and stays
+//!   "down" until it answers, so a healed partition brings both sides back
+//!   without a restart (each side's epoch for the other moves on when it
+//!   gives it up, and the new session starts clean on both).
+//!   A peer is "up" only once its epoch is known.
 //!   Peers whose MAC is `auto` in the cluster file are greeted on
 //!   broadcast and reported as `unresolved` until their address is learnt
 //!   from their first frame (and learnt again when they come back from a

@@ -173,6 +173,8 @@ fn run(args: Args) -> Result<(), Failure> {
             region.clone(),
             i * ops::ECHO_SLOTS * max,
             max,
+            // (the liveness deadline does not depend on the MTU)
+            node_cfg.engine.protocol.core_config(1500).peer_timeout,
         ));
     }
     let (tx, rx) = std::sync::mpsc::channel();

@@ -6,7 +6,7 @@
 //! calls [`Station::poll`] on every turn and [`Station::scan`] every 10 ms.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dpdk_ffi::ExtMem;
 use emx::proto::{Addr, RequestError};
@@ -79,6 +79,8 @@ enum Slot {
 struct View {
     state: PeerState,
     epoch: u32,
+    /// When a peer given up was last greeted again ([`Endpoint::reconnect`]).
+    greeted: Option<Instant>,
 }
 
 /// What closing a station found, by kind of request.
@@ -123,14 +125,24 @@ pub struct Station {
     closing: bool,
     /// A repost failed and was logged (logged once until one succeeds).
     repost_warned: bool,
+    /// How often a peer given up is greeted again: the liveness deadline, so
+    /// that one attempt has run its course before the next.
+    regreet: Duration,
 }
 
 impl Station {
     /// Takes `ep` over: posts the responder's receives ([`ops::ECHO_SLOTS`]
     /// ECHO slots of `max` bytes carved from `region` at `base`, and
     /// [`ops::SINK_SLOTS`] SINK buffers) and a liveness receive on every peer
-    /// the engine knows.
-    pub fn new(mut ep: Endpoint, region: ExtMem, base: usize, max: usize) -> Station {
+    /// the engine knows. Peers declared unreachable are greeted again every
+    /// `regreet`, so that a healed partition brings them back.
+    pub fn new(
+        mut ep: Endpoint,
+        region: ExtMem,
+        base: usize,
+        max: usize,
+        regreet: Duration,
+    ) -> Station {
         let local = ep.local();
         let peers = ep.peers().unwrap_or_default();
         let mut st = Station {
@@ -148,6 +160,7 @@ impl Station {
                     let v = View {
                         state: PeerState::Unknown,
                         epoch: 0,
+                        greeted: None,
                     };
                     (p.addr, v)
                 })
@@ -155,6 +168,7 @@ impl Station {
             counters: ResponderCounters::default(),
             closing: false,
             repost_warned: false,
+            regreet,
             ep,
         };
         st.repost();
@@ -482,17 +496,37 @@ impl Station {
     }
 
     /// Reads every peer's state, logs what changed, tells checks about peers
-    /// that went down, posts liveness receives on peers that are back, and
-    /// drops messages that nobody serves.
+    /// that went down, greets peers given up again now and then, posts
+    /// liveness receives on peers that are back or being greeted, and drops
+    /// messages that nobody serves.
     pub fn scan(&mut self, checks: &mut Checks) {
         let Ok(peers) = self.ep.peers() else { return };
         for p in &peers {
-            let state = state_of(p);
             let view = self.views.entry(p.addr).or_insert(View {
                 state: PeerState::Unknown,
                 epoch: 0,
+                greeted: None,
             });
             let was = *view;
+            let mut state = state_of(p);
+            if p.down && was.state != PeerState::Down {
+                // Just given up: the first new greeting one deadline later.
+                view.greeted = Some(Instant::now());
+            } else if p.down
+                && !self.closing
+                && was.greeted.is_none_or(|t| t.elapsed() >= self.regreet)
+                && self.ep.reconnect(p.addr).unwrap_or(false)
+            {
+                // The partition may have healed: start a new session. The
+                // liveness receive posted below watches the attempt.
+                debug!(peer = ?p.addr, "greeting a peer given up again");
+                view.greeted = Some(Instant::now());
+                state = PeerState::Unresolved;
+            }
+            if was.state == PeerState::Down && state != PeerState::Up {
+                // Still down, as far as anyone is told, until it answers.
+                state = PeerState::Down;
+            }
             let silent_ms = p.silent_for.map(millis);
             match (was.state, state) {
                 (PeerState::Up, PeerState::Up) if p.epoch != was.epoch => {
@@ -551,7 +585,12 @@ impl Station {
             }
             if state == PeerState::Down {
                 checks.peer_down(p.addr);
-            } else if !self.closing && !self.watches.get(&p.addr).is_some_and(Option::is_some) {
+            }
+            let greeting = view.greeted.is_some() && !p.down;
+            if (state != PeerState::Down || greeting)
+                && !self.closing
+                && !self.watches.get(&p.addr).is_some_and(Option::is_some)
+            {
                 self.post_watch(p.addr);
             }
         }
@@ -610,7 +649,7 @@ impl Station {
                 } else {
                     Mac::Addr(p.mac).to_string()
                 },
-                state: state_of(p),
+                state: self.shown_state(p),
                 epoch: (p.epoch != 0).then_some(p.epoch),
                 silent_ms: p.silent_for.map(millis),
                 frames_sent: p.stats.frames_sent,
@@ -691,8 +730,24 @@ impl Station {
             .peers()
             .unwrap_or_default()
             .iter()
-            .map(|p| (p.addr, state_of(p)))
+            .map(|p| (p.addr, self.shown_state(p)))
             .collect()
+    }
+
+    /// A peer's state as logged and reported: one given up stays down while it
+    /// is greeted again, until it answers.
+    fn shown_state(&self, p: &PeerStatus) -> PeerState {
+        match state_of(p) {
+            PeerState::Up => PeerState::Up,
+            _ if self
+                .views
+                .get(&p.addr)
+                .is_some_and(|v| v.state == PeerState::Down) =>
+            {
+                PeerState::Down
+            }
+            s => s,
+        }
     }
 
     /// Stops taking work: receives that hold nothing yet are cancelled (and
