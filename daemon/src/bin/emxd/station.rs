@@ -502,13 +502,13 @@ impl Station {
     pub fn scan(&mut self, checks: &mut Checks) {
         let Ok(peers) = self.ep.peers() else { return };
         for p in &peers {
+            let state = self.shown_state(p);
             let view = self.views.entry(p.addr).or_insert(View {
                 state: PeerState::Unknown,
                 epoch: 0,
                 greeted: None,
             });
             let was = *view;
-            let mut state = state_of(p);
             if p.down && was.state != PeerState::Down {
                 // Just given up: the first new greeting one deadline later.
                 view.greeted = Some(Instant::now());
@@ -521,11 +521,6 @@ impl Station {
                 // liveness receive posted below watches the attempt.
                 debug!(peer = ?p.addr, "greeting a peer given up again");
                 view.greeted = Some(Instant::now());
-                state = PeerState::Unresolved;
-            }
-            if was.state == PeerState::Down && state != PeerState::Up {
-                // Still down, as far as anyone is told, until it answers.
-                state = PeerState::Down;
             }
             let silent_ms = p.silent_for.map(millis);
             match (was.state, state) {
@@ -586,11 +581,8 @@ impl Station {
             if state == PeerState::Down {
                 checks.peer_down(p.addr);
             }
-            let greeting = view.greeted.is_some() && !p.down;
-            if (state != PeerState::Down || greeting)
-                && !self.closing
-                && !self.watches.get(&p.addr).is_some_and(Option::is_some)
-            {
+            // (A peer being greeted again is watched too, though shown down.)
+            if !p.down && !self.closing && !self.watches.get(&p.addr).is_some_and(Option::is_some) {
                 self.post_watch(p.addr);
             }
         }
