@@ -632,6 +632,48 @@ impl Header {
         ethertype: u16,
         require_csum: bool,
     ) -> Result<Header, DropReason> {
+        let mut h = Header::EMPTY;
+        Header::parse_into(frame, ethertype, require_csum, &mut h)?;
+        Ok(h)
+    }
+
+    /// A header with every field zero (a HELLO type), to parse into.
+    pub const EMPTY: Header = Header {
+        dst_mac: MacAddr([0; 6]),
+        src_mac: MacAddr([0; 6]),
+        frame_type: FrameType::Hello,
+        flags: 0,
+        cluster: 0,
+        payload_len: 0,
+        src_node: 0,
+        src_ep: 0,
+        dst_node: 0,
+        dst_ep: 0,
+        src_epoch: 0,
+        dst_epoch: 0,
+        seq: 0,
+        ack: 0,
+        sack: 0,
+        credit: 0,
+        msg_id: 0,
+        match_bits: 0,
+        msg_len: 0,
+        frag_offset: 0,
+    };
+
+    /// [`parse`](Self::parse) into `h`, field by field. On the receive path
+    /// this is the form to use: the header is written where it will be read,
+    /// with stores each later read forwards from, rather than built and then
+    /// moved with wide loads that cannot (a stall that waits for every older
+    /// store, such as the previous frame's payload copy, to reach the cache).
+    /// After an error, `h` holds whatever had been read.
+    #[inline]
+    pub fn parse_into<T: AsRef<[u8]>>(
+        frame: &Frame<T>,
+        ethertype: u16,
+        require_csum: bool,
+        h: &mut Header,
+    ) -> Result<(), DropReason> {
         let b = frame.buffer.as_ref();
         if frame.ethertype() != ethertype {
             return Err(DropReason::EtherType);
@@ -655,33 +697,31 @@ impl Header {
         } else if require_csum {
             return Err(DropReason::Checksum);
         }
-        let h = Header {
-            dst_mac: frame.dst_mac(),
-            src_mac: frame.src_mac(),
-            frame_type: ft,
-            flags: fl,
-            cluster: frame.cluster(),
-            payload_len: frame.payload_len(),
-            src_node: be16(b, field::SRC_NODE),
-            src_ep: b[field::SRC_EP],
-            dst_node: be16(b, field::DST_NODE),
-            dst_ep: b[field::DST_EP],
-            src_epoch: be32(b, field::SRC_EPOCH),
-            dst_epoch: be32(b, field::DST_EPOCH),
-            seq: be32(b, field::SEQ),
-            ack: be32(b, field::ACK),
-            sack: be64(b, field::SACK),
-            credit: be32(b, field::CREDIT),
-            msg_id: be32(b, field::MSG_ID),
-            match_bits: be64(b, field::MATCH_BITS),
-            msg_len: be64(b, field::MSG_LEN),
-            frag_offset: be64(b, field::FRAG_OFFSET),
-        };
+        h.dst_mac = frame.dst_mac();
+        h.src_mac = frame.src_mac();
+        h.frame_type = ft;
+        h.flags = fl;
+        h.cluster = frame.cluster();
+        h.payload_len = frame.payload_len();
+        h.src_node = be16(b, field::SRC_NODE);
+        h.src_ep = b[field::SRC_EP];
+        h.dst_node = be16(b, field::DST_NODE);
+        h.dst_ep = b[field::DST_EP];
+        h.src_epoch = be32(b, field::SRC_EPOCH);
+        h.dst_epoch = be32(b, field::DST_EPOCH);
+        h.seq = be32(b, field::SEQ);
+        h.ack = be32(b, field::ACK);
+        h.sack = be64(b, field::SACK);
+        h.credit = be32(b, field::CREDIT);
+        h.msg_id = be32(b, field::MSG_ID);
+        h.match_bits = be64(b, field::MATCH_BITS);
+        h.msg_len = be64(b, field::MSG_LEN);
+        h.frag_offset = be64(b, field::FRAG_OFFSET);
         h.validate(ft)?;
         if ft == FrameType::Pack {
             Packed::new(frame.payload(), h.msg_len)?;
         }
-        Ok(h)
+        Ok(())
     }
 
     #[inline]

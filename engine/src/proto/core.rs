@@ -1151,17 +1151,20 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 return Err(r);
             }
         };
-        let h = match Header::parse(
+        // Parsed in place: a header built and then moved would be read back
+        // with wide loads that cannot forward from its narrow stores, and such
+        // a load waits for every older store (the previous frame's payload
+        // copy) to reach the cache.
+        let mut h = Header::EMPTY;
+        if let Err(r) = Header::parse_into(
             &f,
             self.cfg.ethertype,
             self.cfg.checksum != ChecksumMode::Off,
+            &mut h,
         ) {
-            Ok(h) => h,
-            Err(r) => {
-                self.stats.dropped.count(r);
-                return Err(r);
-            }
-        };
+            self.stats.dropped.count(r);
+            return Err(r);
+        }
         if h.cluster != self.cfg.cluster {
             self.stats.dropped.count(DropReason::WrongCluster);
             return Err(DropReason::WrongCluster);
