@@ -32,6 +32,7 @@
 //! pull_inflight = 4           # pulls in flight per rendezvous receive, 1..=8 [4]
 //! pack_max = 16               # small messages queued together leave up to this many to a frame; 1: never [16]
 //! pack_below = 256            # messages up to this many bytes may be packed (copied into the frame) [256]
+//! stream_min = 8388608        # rendezvous data goes in with streaming stores while large receives posted hold this many bytes; 0: never [8 MiB]
 //! max_peers = 64              # peer table: at least every remote endpoint [64]
 //! max_sends = 1024            # outstanding sends [1024]
 //! max_recvs = 1024            # outstanding receives [1024]

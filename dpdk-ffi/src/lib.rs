@@ -8,6 +8,8 @@
 //!   and [`Burst`], [`Port`] with its owned [`RxQueue`]/[`TxQueue`], [`ExtMem`]
 //!   and [`ExtBuf`] (the zero-copy primitive), and [`ThreadRegistration`].
 //! - Typed errors ([`Error`]) carrying the failing call and its errno.
+//! - CPU helpers beside DPDK's own: [`rdtsc`], and [`copy_streaming`] with
+//!   [`store_fence`] for copies that bypass the caches.
 //!
 //! Lifetimes follow DPDK's rules rather than Rust scopes: ports keep their
 //! mempools alive, everything keeps the EAL alive, and the EAL is cleaned up
@@ -37,6 +39,7 @@
 
 pub mod sys;
 
+mod cpu;
 mod eal;
 mod error;
 mod extmem;
@@ -45,6 +48,7 @@ mod mempool;
 mod port;
 mod thread;
 
+pub use cpu::{copy_streaming, store_fence};
 pub use eal::{Eal, EalBuilder, HugepageMode};
 pub use error::{Errno, Error, Result};
 pub use extmem::{ExtBuf, ExtMem};

@@ -44,11 +44,11 @@ use super::matching::{eager_charge, matches, rts_charge, Store, MSG_OVERHEAD};
 use super::peer::Peer;
 use super::slab::{id_map, FreeList, IdMap, Links, List, MinTree, NIL};
 use super::stats::{CoreStats, PeerInfo, PeerStats};
-use super::RecvBuffer;
 use super::{
     Addr, ChecksumMode, ConfigError, CoreConfig, PeerError, PeerId, RecvError, Rejected,
     RequestError, RequestId, SendError, Time,
 };
+use super::{CoreOnly, RecvBuffer};
 use crate::wire::{
     flags, write_pack_record, DropReason, Frame, FrameType, Header, MacAddr, FRAME_HEADER_LEN,
     MAX_MSG_LEN, PACK_RECORD_LEN,
@@ -373,6 +373,19 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     pub(crate) lend_base: Option<usize>,
     /// The frame's payload was lent to a receive.
     pub(crate) lent: Option<Lend>,
+    /// A receive buffer was written with streaming stores since the last fence
+    /// ([`fence_streaming`](Self::fence_streaming)).
+    pub(crate) streamed: bool,
+    /// Bytes of the buffers of live receives that can take a rendezvous message
+    /// (longer than the eager threshold): compared with `stream_min`.
+    pub(crate) large_posted: u64,
+}
+
+impl<S: AsRef<[u8]>, R: RecvBuffer> Drop for Core<S, R> {
+    /// Fences streaming stores into the buffers it frees.
+    fn drop(&mut self) {
+        self.fence_streaming();
+    }
 }
 
 /// A frame's payload lent to a receive (see [`Core::handle_frame_lending`]).
@@ -491,6 +504,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             frame_free: FreeList::new(n_frames),
             frame_links: Links::new(n_frames),
             lend_base: None,
+            streamed: false,
+            large_posted: 0,
             lent: None,
             completions: VecDeque::with_capacity(cfg.max_sends + cfg.max_recvs),
             stats: CoreStats::default(),
@@ -759,6 +774,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         } else {
             buf.as_mut().len() as u64
         };
+        if buf_len > self.cfg.eager_threshold {
+            self.large_posted += buf_len;
+        }
         let slot = &mut self.recvs[r as usize];
         slot.buf = Some(buf);
         slot.buf_len = buf_len;
@@ -997,7 +1015,24 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// returns `None`.
     #[must_use]
     pub fn poll_completion(&mut self) -> Option<Completion<S, R>> {
+        if self.completions.is_empty() {
+            return None;
+        }
+        self.fence_streaming();
         self.completions.pop_front()
+    }
+
+    /// Makes the streaming stores into receive buffers since the last call
+    /// visible to other threads ([`RecvBuffer::streaming_fence`]); nothing when
+    /// there were none. [`poll_completion`](Self::poll_completion) calls it
+    /// before a buffer leaves; a caller that hands a burst of frames to the core
+    /// may call it once after the burst, which is cheaper than a fence per frame.
+    #[inline]
+    pub fn fence_streaming(&mut self) {
+        if self.streamed {
+            self.streamed = false;
+            R::streaming_fence(&CoreOnly::TOKEN);
+        }
     }
 
     // ------------------------------------------------------------ bookkeeping
@@ -1082,6 +1117,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let req = RequestId::recv(r, slot.gen);
         let ctx = slot.ctx;
         let buf = slot.buf.take().expect("live receive has its buffer");
+        if slot.buf_len > self.cfg.eager_threshold {
+            self.large_posted -= slot.buf_len;
+        }
         slot.gen = slot.gen.wrapping_add(1);
         slot.state = RecvState::Free;
         let (m, inv) = (slot.msg, slot.inv_peer);

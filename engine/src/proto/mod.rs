@@ -44,6 +44,10 @@
 //! - **Eager** up to `eager_threshold`, **rendezvous** above it: RTS, then
 //!   receiver-paced pulls of `pull_block` bytes (rounded down to whole frames),
 //!   `pull_inflight` at a time, answered by zero-copy data frames, then NOTIFY.
+//!   The receiver copies each data frame into its buffer; while large receives of
+//!   `stream_min` bytes or more are posted, with [`RecvBuffer::write_streaming`]
+//!   (streaming stores in the runtime), fenced once per burst
+//!   ([`Core::fence_streaming`]) and always before a buffer leaves.
 
 pub mod core;
 mod eager;
@@ -85,6 +89,32 @@ pub trait RecvBuffer: AsMut<[u8]> {
     fn fit(&mut self, len: usize) {
         let _ = len;
     }
+    /// Copies `data` to `offset..offset + data.len()` of the buffer, for
+    /// rendezvous data while [`CoreConfig::stream_min`] bytes of large receives
+    /// are posted. An implementation may write with streaming (non-temporal)
+    /// stores, which bypass the caches; the default copies as usual.
+    ///
+    /// Only the core calls it, for only the core has a [`CoreOnly`], and it
+    /// calls [`streaming_fence`](RecvBuffer::streaming_fence), on the thread
+    /// that ran it, before any receive buffer leaves it.
+    fn write_streaming(&mut self, offset: usize, data: &[u8], _: &CoreOnly) {
+        self.as_mut()[offset..offset + data.len()].copy_from_slice(data);
+    }
+    /// Orders what [`write_streaming`](RecvBuffer::write_streaming) wrote
+    /// before later stores (a store fence for streaming stores), so that a
+    /// thread that synchronises with this one afterwards sees it.
+    fn streaming_fence(_: &CoreOnly) {}
+}
+
+/// A token only the protocol core has: it keeps the [`RecvBuffer`] calls whose
+/// safety rests on the core's rules ([`write_streaming`](RecvBuffer::write_streaming))
+/// to the core. It cannot be made, cloned or kept outside the crate: an
+/// implementation sees it only borrowed, for the length of a call.
+#[derive(Debug)]
+pub struct CoreOnly(());
+
+impl CoreOnly {
+    pub(crate) const TOKEN: CoreOnly = CoreOnly(());
 }
 
 impl RecvBuffer for Vec<u8> {}
@@ -276,6 +306,15 @@ pub struct CoreConfig {
     /// Messages up to this many bytes may be packed (copied into the frame); longer
     /// ones are sent by reference from their buffer.
     pub pack_below: u32,
+    /// Rendezvous data is written into receive buffers with
+    /// [`RecvBuffer::write_streaming`] (streaming stores in the runtime) while the
+    /// buffers of the receives posted that can take a rendezvous message (longer than
+    /// `eager_threshold`) add up to at least this many bytes. Buffers that many do not
+    /// stay in the caches between uses, and an ordinary copy would first read every
+    /// line of them from memory; a few buffers, reused, stay cached and are better
+    /// written as usual (a ping-pong, whose echo reads the data at once). 0 turns it
+    /// off.
+    pub stream_min: u64,
 }
 
 impl Default for CoreConfig {
@@ -302,6 +341,7 @@ impl Default for CoreConfig {
             checksum: ChecksumMode::Header,
             pack_max: 16,
             pack_below: 256,
+            stream_min: 8 << 20,
         }
     }
 }

@@ -19,8 +19,8 @@
 use super::core::{msg_key, Core, MsgState, TxFrame};
 use super::matching::rts_charge;
 use super::slab::NIL;
-use super::RecvBuffer;
 use super::Time;
+use super::{CoreOnly, RecvBuffer};
 use crate::wire::{DropReason, FrameType, Header};
 
 impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
@@ -161,8 +161,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let slot = &mut self.recvs[r as usize];
         let off = h.frag_offset;
         let o = off as usize;
-        let buf = slot.buf.as_mut().expect("bound receive").as_mut();
-        buf[o..o + data.len()].copy_from_slice(data);
+        let buf = slot.buf.as_mut().expect("bound receive");
+        if self.cfg.stream_min != 0 && self.large_posted >= self.cfg.stream_min {
+            buf.write_streaming(o, data, &CoreOnly::TOKEN);
+            self.streamed = true;
+        } else {
+            buf.as_mut()[o..o + data.len()].copy_from_slice(data);
+        }
         let pull = &mut slot.pull;
         pull.received += data.len() as u64;
         let end = off + data.len() as u64;

@@ -10,7 +10,7 @@
 use dpdk_ffi::ExtBuf;
 
 use crate::io::{Lent, Payload};
-use crate::proto::RecvBuffer;
+use crate::proto::{CoreOnly, RecvBuffer};
 
 /// The buffer of a send.
 #[derive(Debug)]
@@ -93,6 +93,28 @@ impl RecvBuffer for RecvBuf {
         if self.lends() {
             *self = RecvBuf::Owned(vec![0; len]);
         }
+    }
+
+    /// Streaming stores ([`dpdk_ffi::copy_streaming`]): receive buffers too
+    /// many to stay cached are written straight to memory, not read into the
+    /// cache first.
+    #[inline]
+    fn write_streaming(&mut self, offset: usize, data: &[u8], _: &CoreOnly) {
+        let dst = &mut self.as_mut()[offset..offset + data.len()];
+        // SAFETY: only the protocol core can call this (it alone has a
+        // `CoreOnly`), while it holds the buffer: no other thread can reach it.
+        // The core calls `streaming_fence` below, on its own thread, before
+        // any receive buffer leaves it (`Core::poll_completion`, and its drop),
+        // and the driver after each burst it hands the core.
+        #[allow(unsafe_code)]
+        unsafe {
+            dpdk_ffi::copy_streaming(dst, data)
+        };
+    }
+
+    #[inline]
+    fn streaming_fence(_: &CoreOnly) {
+        dpdk_ffi::store_fence();
     }
 }
 

@@ -263,6 +263,13 @@ impl<L: PacketIo> Driver<L> {
             }
         }
 
+        if p.received != 0 {
+            // One fence for the burst's streaming stores, not one per frame.
+            for core in &mut self.cores {
+                core.fence_streaming();
+            }
+        }
+
         for core in &mut self.cores {
             if core.poll_timeout().is_some_and(|t| t <= now) {
                 core.handle_timeout(now);

@@ -101,6 +101,9 @@ pub struct ProtocolConfig {
     pub pack_max: Option<u16>,
     /// Messages up to this many bytes may be packed.
     pub pack_below: Option<u32>,
+    /// Rendezvous data is received with streaming stores while receives posted
+    /// for large messages hold at least this many bytes (0: never).
+    pub stream_min: Option<u64>,
     /// Most peers.
     pub max_peers: Option<usize>,
     /// Most outstanding sends.
@@ -134,6 +137,7 @@ impl ProtocolConfig {
             pull_inflight: self.pull_inflight.unwrap_or(d.pull_inflight),
             pack_max: self.pack_max.unwrap_or(d.pack_max),
             pack_below: self.pack_below.unwrap_or(d.pack_below),
+            stream_min: self.stream_min.unwrap_or(d.stream_min),
             peer_timeout: us(self.peer_timeout_us, d.peer_timeout),
             keepalive: us(self.keepalive_us, d.keepalive),
             rto_initial: us(self.rto_initial_us, d.rto_initial),

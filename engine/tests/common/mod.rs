@@ -1,7 +1,7 @@
 //! Shared scaffolding for the integration tests: cores on a simulated switch.
 #![allow(dead_code)]
 
-use emx::proto::{Addr, Completion, Core, CoreConfig, MacAddr, Time};
+use emx::proto::{Addr, Completion, Core, CoreConfig, MacAddr, RecvBuffer, Time};
 use emx::sim::{LinkConfig, Sim};
 
 pub type TestCore = Core<Vec<u8>, Vec<u8>>;
@@ -16,7 +16,15 @@ pub fn mac(i: usize) -> MacAddr {
     MacAddr([2, 0, 0, 0, 0, i as u8 + 1])
 }
 
-pub fn make_core(cfg: &CoreConfig, i: usize, n: usize, epoch: u32, now: Time) -> TestCore {
+/// Core `i` of `n`, each knowing all the others as peers. Receive buffers are
+/// `Vec<u8>` unless a test brings its own kind.
+pub fn make_core<R: RecvBuffer>(
+    cfg: &CoreConfig,
+    i: usize,
+    n: usize,
+    epoch: u32,
+    now: Time,
+) -> Core<Vec<u8>, R> {
     let mut c = Core::new(cfg.clone(), addr(i), mac(i), epoch, now).unwrap();
     for j in (0..n).filter(|&j| j != i) {
         c.add_peer(addr(j), mac(j)).unwrap();
@@ -24,7 +32,7 @@ pub fn make_core(cfg: &CoreConfig, i: usize, n: usize, epoch: u32, now: Time) ->
     c
 }
 
-pub fn make_sim(n: usize, link: LinkConfig, cfg: &CoreConfig) -> TestSim {
+pub fn make_sim<R: RecvBuffer>(n: usize, link: LinkConfig, cfg: &CoreConfig) -> Sim<Vec<u8>, R> {
     let mut sim = Sim::new(link);
     for i in 0..n {
         sim.add_core(make_core(cfg, i, n, 1, Time::ZERO));

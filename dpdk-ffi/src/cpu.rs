@@ -1,0 +1,96 @@
+//! CPU helpers for fast paths that DPDK programs write with intrinsics:
+//! copies that bypass the caches, and the fence that orders them.
+
+/// Copies `src` into `dst` with non-temporal (streaming) stores where the CPU
+/// has them (x86_64): the whole 64-byte lines of `dst` are written around the
+/// caches, without reading them first, and the partial lines at either end
+/// (and copies shorter than two lines) with ordinary stores. Elsewhere it is
+/// an ordinary copy.
+///
+/// It is for large destinations that will not be read soon, such as a
+/// multi-megabyte receive buffer filled frame by frame: an ordinary copy
+/// reads every destination line into the cache before overwriting it and
+/// evicts data that is still wanted, while streaming stores send each line to
+/// memory once.
+///
+/// # Panics
+/// When `dst` and `src` differ in length.
+///
+/// # Safety
+/// Streaming stores are weakly ordered. Other threads may not see them, even
+/// after synchronising with this one (a release store does not order them),
+/// until [`store_fence`] has run on this thread. The caller must call
+/// `store_fence` before `dst` is read or written by any other thread or handed
+/// to one, and before it is freed.
+#[inline]
+pub unsafe fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_streaming: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let n = dst.len();
+        // Bytes up to the first line boundary of `dst`.
+        let head = (dst.as_ptr() as usize).wrapping_neg() & 63;
+        if n >= head + 128 {
+            let lines = (n - head) / 64;
+            let body = head + lines * 64;
+            dst[..head].copy_from_slice(&src[..head]);
+            // SAFETY: `head..body` lies inside both slices (body <= n), `dst` is
+            // 16-byte aligned from `head` on (64 even), unaligned loads need
+            // no alignment, and SSE2 is part of x86_64. The slices cannot
+            // overlap (one is borrowed mutably).
+            unsafe {
+                let d = dst.as_mut_ptr().add(head).cast::<__m128i>();
+                let s = src.as_ptr().add(head).cast::<__m128i>();
+                for i in 0..lines * 4 {
+                    _mm_stream_si128(d.add(i), _mm_loadu_si128(s.add(i)));
+                }
+            }
+            dst[body..].copy_from_slice(&src[body..]);
+            return;
+        }
+    }
+    dst.copy_from_slice(src);
+}
+
+/// Orders every earlier store of this thread, streaming stores included,
+/// before every later one (`rte_wmb` on x86: `sfence`), so that data written
+/// by [`copy_streaming`] is seen by a thread that synchronises with this one
+/// afterwards.
+#[inline]
+pub fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` has no preconditions; it only orders stores.
+    unsafe {
+        core::arch::x86_64::_mm_sfence()
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_copy_equals_an_ordinary_one_at_every_alignment_and_length() {
+        let src: Vec<u8> = (0..1600u32).map(|i| (i * 7 + 3) as u8).collect();
+        for at in [0usize, 1, 15, 16, 63, 64, 65] {
+            for len in [0usize, 1, 63, 64, 127, 128, 129, 191, 700, 1460, 1600] {
+                let mut dst = vec![0xAAu8; 1700];
+                // SAFETY: the fence follows before the buffer is read.
+                unsafe { copy_streaming(&mut dst[at..at + len], &src[..len]) };
+                store_fence();
+                assert_eq!(&dst[at..at + len], &src[..len], "at {at} len {len}");
+                assert!(
+                    dst[..at].iter().all(|&b| b == 0xAA),
+                    "before, at {at} len {len}"
+                );
+                assert!(
+                    dst[at + len..].iter().all(|&b| b == 0xAA),
+                    "after, at {at} len {len}"
+                );
+            }
+        }
+    }
+}
