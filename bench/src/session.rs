@@ -1091,12 +1091,16 @@ impl Echo {
                     if s.posted.is_empty() {
                         s.post(gen);
                     }
-                    s.ep.progress();
+                    // One poll per turn, inside the test of the receive (as
+                    // raw's echo polls the link once per turn): a ping that
+                    // arrives in it is echoed at once, not after another poll.
                     if let Some((b, _)) = s.recv_done()? {
                         s.post(gen);
                         s.send_buf(gen, b);
+                        // The previous echo, acknowledged by this ping. Its test
+                        // polls (the new echo is not done), which sends the echo.
+                        s.sends_done()?;
                     }
-                    s.sends_done()?;
                 }
                 Cmd::RawSink { back } => {
                     let (rx, tx) = self.chans.raw();
