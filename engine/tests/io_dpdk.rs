@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use dpdk_ffi::{Eal, ExtMem, Mbuf, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
-use emx::io::{DpdkIo, Frame, PacketIo, Payload};
+use emx::io::{DpdkIo, Frame, PacketIo, Payload, COPY_BELOW};
 
 fn pair() -> (Eal, Mempool, DpdkIo, DpdkIo) {
     let eal = Eal::builder().memory_mb(256).init().unwrap();
@@ -88,8 +88,9 @@ fn registered_payload_is_attached_not_copied() {
     );
     assert_eq!(buf.in_flight(), 0, "released once the driver is done");
 
-    // Small registered payloads are copied when asked, plain bytes always.
-    a.set_copy_below(256);
+    // Small registered payloads are copied (below COPY_BELOW unless told
+    // otherwise), plain bytes always.
+    const { assert!(COPY_BELOW > 100 && COPY_BELOW <= 1400) };
     let mut f = a.alloc().unwrap();
     a.put(&mut f, 14).unwrap().copy_from_slice(&header);
     a.attach(
@@ -105,11 +106,29 @@ fn registered_payload_is_attached_not_copied() {
     let got = deliver(&mut a, &mut b, f);
     assert_eq!(got.len(), 164);
     assert_eq!(a.stats().payload_copied, 150);
+    assert_eq!(buf.in_flight(), 0, "a copied payload keeps no reference");
+    // With copying turned off, even 100 bytes are attached.
+    a.set_copy_below(0);
+    let mut f = a.alloc().unwrap();
+    a.put(&mut f, 14).unwrap().copy_from_slice(&header);
+    a.attach(
+        &mut f,
+        Payload::Registered {
+            buf: &buf,
+            offset: 0,
+            len: 100,
+        },
+    )
+    .unwrap();
+    assert_eq!(buf.in_flight(), 1, "the frame refers to the buffer");
+    let got = deliver(&mut a, &mut b, f);
+    assert_eq!(&got[14..], &buf.as_slice()[..100]);
+    assert_eq!(a.stats().payload_attached, 1500);
     let mut big = a.alloc().unwrap();
     assert!(
         a.attach(&mut big, Payload::Copy(&[0; 1515])).is_err(),
         "bounded by the MTU"
     );
-    assert_eq!(a.stats().tx_frames, 2);
-    assert_eq!(b.stats().rx_frames, 2);
+    assert_eq!(a.stats().tx_frames, 3);
+    assert_eq!(b.stats().rx_frames, 3);
 }

@@ -65,7 +65,7 @@ mod fault;
 mod mem;
 mod pcap;
 
-pub use dpdk::DpdkIo;
+pub use dpdk::{DpdkIo, COPY_BELOW};
 pub use fault::{FaultConfig, FaultHandle, Faulty};
 pub use mem::{MemFrame, MemIo, MemNetwork};
 pub use pcap::PcapRecorder;
