@@ -118,7 +118,8 @@ pub enum Payload<'a> {
     /// Bytes copied into the frame.
     Copy(&'a [u8]),
     /// A slice of registered memory: attached without a copy where the link
-    /// can (DPDK external buffers), copied otherwise. The buffer cannot be
+    /// can (DPDK external buffers) and the slice is long enough to be worth
+    /// it ([`COPY_BELOW`]), copied otherwise. The buffer cannot be
     /// written while frames refer to it.
     Registered {
         /// The registered buffer.

@@ -17,7 +17,9 @@ use crate::proto::{CoreOnly, RecvBuffer};
 pub enum SendBuf {
     /// Ordinary memory: payloads are copied into frames.
     Owned(Vec<u8>),
-    /// Registered memory: payloads are attached to frames without a copy.
+    /// Registered memory: payloads are attached to frames without a copy
+    /// (those shorter than [`COPY_BELOW`](crate::io::COPY_BELOW) are copied:
+    /// cheaper than a second segment).
     Registered(ExtBuf),
 }
 

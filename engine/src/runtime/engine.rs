@@ -986,8 +986,9 @@ impl Endpoint {
     }
 
     /// Starts sending `buf` to `dst` with `match_bits`. Registered buffers
-    /// ([`SendBuf::Registered`]) go out without a copy; ordinary ones are
-    /// copied into frames. The buffer comes back at completion, which happens
+    /// ([`SendBuf::Registered`]) go out without a copy (but for frames shorter
+    /// than [`COPY_BELOW`](crate::io::COPY_BELOW), where a copy is cheaper);
+    /// ordinary ones are copied into frames. The buffer comes back at completion, which happens
     /// once the receiver acknowledged every byte.
     pub fn isend(
         &mut self,
