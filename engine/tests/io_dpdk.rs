@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use dpdk_ffi::{Eal, ExtMem, Mbuf, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
+use dpdk_ffi::{Eal, ExtBuf, ExtMem, Mbuf, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
 use emx::io::{DpdkIo, Frame, PacketIo, Payload, COPY_BELOW};
 
 fn pair() -> (Eal, Mempool, DpdkIo, DpdkIo) {
@@ -54,6 +54,24 @@ fn deliver(a: &mut DpdkIo, b: &mut DpdkIo, f: Mbuf) -> Vec<u8> {
     v
 }
 
+/// A frame of `header` and `len` bytes of `buf` from `offset`, as
+/// registered memory (attached or copied as `io` decides).
+fn registered_frame(
+    io: &mut DpdkIo,
+    header: &[u8],
+    buf: &ExtBuf,
+    offset: usize,
+    len: usize,
+) -> Mbuf {
+    let mut f = io.alloc().unwrap();
+    io.put(&mut f, header.len())
+        .unwrap()
+        .copy_from_slice(header);
+    io.attach(&mut f, Payload::Registered { buf, offset, len })
+        .unwrap();
+    f
+}
+
 #[test]
 fn registered_payload_is_attached_not_copied() {
     let (eal, _pool, mut a, mut b) = pair();
@@ -65,17 +83,7 @@ fn registered_payload_is_attached_not_copied() {
     }
     let header = [0x5Au8; 14];
 
-    let mut f = a.alloc().unwrap();
-    a.put(&mut f, 14).unwrap().copy_from_slice(&header);
-    a.attach(
-        &mut f,
-        Payload::Registered {
-            buf: &buf,
-            offset: 1000,
-            len: 1400,
-        },
-    )
-    .unwrap();
+    let f = registered_frame(&mut a, &header, &buf, 1000, 1400);
     assert_eq!(buf.in_flight(), 1, "the frame refers to the buffer");
     let got = deliver(&mut a, &mut b, f);
     assert_eq!(&got[..14], &header);
@@ -91,17 +99,7 @@ fn registered_payload_is_attached_not_copied() {
     // Small registered payloads are copied (below COPY_BELOW unless told
     // otherwise), plain bytes always.
     const { assert!(COPY_BELOW > 100 && COPY_BELOW <= 1400) };
-    let mut f = a.alloc().unwrap();
-    a.put(&mut f, 14).unwrap().copy_from_slice(&header);
-    a.attach(
-        &mut f,
-        Payload::Registered {
-            buf: &buf,
-            offset: 0,
-            len: 100,
-        },
-    )
-    .unwrap();
+    let mut f = registered_frame(&mut a, &header, &buf, 0, 100);
     a.attach(&mut f, Payload::Copy(&[7; 50])).unwrap();
     let got = deliver(&mut a, &mut b, f);
     assert_eq!(got.len(), 164);
@@ -109,17 +107,7 @@ fn registered_payload_is_attached_not_copied() {
     assert_eq!(buf.in_flight(), 0, "a copied payload keeps no reference");
     // With copying turned off, even 100 bytes are attached.
     a.set_copy_below(0);
-    let mut f = a.alloc().unwrap();
-    a.put(&mut f, 14).unwrap().copy_from_slice(&header);
-    a.attach(
-        &mut f,
-        Payload::Registered {
-            buf: &buf,
-            offset: 0,
-            len: 100,
-        },
-    )
-    .unwrap();
+    let f = registered_frame(&mut a, &header, &buf, 0, 100);
     assert_eq!(buf.in_flight(), 1, "the frame refers to the buffer");
     let got = deliver(&mut a, &mut b, f);
     assert_eq!(&got[14..], &buf.as_slice()[..100]);
