@@ -1,7 +1,7 @@
 //! The driver: one protocol core joined to one packet I/O link. One call of
-//! [`Driver::progress`] receives a burst, feeds it to the core, runs due
-//! timers, builds the core's outgoing frames in place and sends them as a
-//! burst. Whoever owns the driver (a polling thread, or an application thread
+//! [`Driver::progress`] sends what the application queued since the last
+//! call, receives a burst, feeds it to the core, runs due timers, then builds
+//! the core's outgoing frames in place and sends them as a burst. Whoever owns the driver (a polling thread, or an application thread
 //! in inline mode) calls it; nothing else touches the core or the link.
 
 use std::time::Instant;
