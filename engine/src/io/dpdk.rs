@@ -71,9 +71,8 @@ impl DpdkIo {
     }
 
     /// Copies registered payloads shorter than `n` bytes instead of attaching
-    /// them (attaching costs a second mbuf and descriptor, more than copying a
-    /// few dozen bytes). Default [`COPY_BELOW`]; 0: registered memory is never
-    /// copied.
+    /// them (attaching costs a second mbuf and descriptor). Default
+    /// [`COPY_BELOW`]; 0: registered memory is never copied.
     pub fn set_copy_below(&mut self, n: usize) {
         self.copy_below = n;
     }

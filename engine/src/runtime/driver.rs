@@ -244,6 +244,8 @@ impl<L: PacketIo> Driver<L> {
         // Out first: what the application queued since the last call (an
         // inline isend) leaves before the link is polled, not after an empty
         // receive and the timers: one poll less on every message's way out.
+        // Only when a core has something: a backlog left by a full link
+        // waits for the pass below, one send attempt per call as before.
         let mut p = Progress::default();
         if self.cores.iter().any(|c| c.may_transmit()) {
             p.sent = self.transmit(now);
