@@ -1245,14 +1245,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         if let Err(reason) = r {
             self.peers[p as usize].stats.dropped.count(reason);
         }
-        let peer = &self.peers[p as usize];
-        if peer.ack_now
-            || peer.hello_now
-            || peer.lost > 0
-            || !peer.ctrl.is_empty()
-            || !peer.pulls.is_empty()
-            || peer.cursor != NIL
-        {
+        if self.peers[p as usize].may_transmit() {
             self.mark_ready(p);
         }
         r
@@ -1542,8 +1535,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // shortens the probe interval.
             self.touch(p);
             if let Some(t) = self.peer_transmit(now, p, buf) {
-                // Round robin between peers with work.
-                if self.ready.len() > 1 {
+                if !self.peers[p as usize].may_transmit() {
+                    // Certainly nothing more: leave the list now, so that the
+                    // caller does not prepare a buffer only to learn that.
+                    self.ready.pop_front();
+                    self.peers[p as usize].in_ready = false;
+                } else if self.ready.len() > 1 {
+                    // Round robin between peers with work.
                     self.ready.pop_front();
                     self.ready.push_back(p);
                 }

@@ -164,6 +164,19 @@ impl Peer {
         self.involved > 0 || !self.inflight.is_empty() || !self.ctrl.is_empty()
     }
 
+    /// False when the transmit path certainly has no frame for this peer now:
+    /// no greeting, ack or probe owed, nothing lost, and nothing new queued.
+    #[inline]
+    pub(crate) fn may_transmit(&self) -> bool {
+        self.hello_now
+            || self.ack_now
+            || self.ping_now
+            || self.lost > 0
+            || self.cursor != NIL
+            || !self.ctrl.is_empty()
+            || !self.pulls.is_empty()
+    }
+
     /// Whether `h` belongs to the session this peer was in when it was declared dead:
     /// its old epoch, and not yet addressed to our new one.
     #[inline]
