@@ -480,7 +480,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             peer_map: id_map(cfg.max_peers),
             last_peer: (u32::MAX, NO_PEER),
             ready: VecDeque::with_capacity(cfg.max_peers),
-            timers: MinTree::new(cfg.max_peers),
+            timers: MinTree::new(1),
             dirty: vec![Cell::new(0); cfg.max_peers],
             dirty_len: Cell::new(0),
             sends,
@@ -551,6 +551,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let id = self.peers.len() as u16;
         self.peers
             .push(Peer::new(addr, mac, self.cfg.rto_initial, self.epoch));
+        self.timers.grow(self.peers.len());
         self.peer_map.insert(addr.key(), id);
         Ok(PeerId(id))
     }

@@ -119,10 +119,12 @@ impl Links {
     }
 }
 
-/// A tournament tree of times over a fixed number of slots: the earliest in O(1), one
-/// slot changed in O(log n), the due slots found in O(log n) each. Its nodes are cells so
+/// A tournament tree of times over a number of slots: the earliest in O(1), one slot
+/// changed in O(log n), the due slots found in O(log n) each. Its nodes are cells so
 /// that a `&self` query ([`Core::poll_timeout`](super::Core::poll_timeout)) can apply
-/// the updates that were put off until it.
+/// the updates that were put off until it. It grows with the slots in use
+/// ([`MinTree::grow`]), so that a change climbs as many levels as the peers need, not
+/// as many as the largest table could.
 #[derive(Debug)]
 pub(crate) struct MinTree {
     leaves: usize,
@@ -137,6 +139,19 @@ impl MinTree {
             leaves,
             node: vec![Cell::new(Time::NEVER); 2 * leaves],
         }
+    }
+
+    /// Makes room for `n` slots (the new ones unset). Allocates when the tree
+    /// doubles: call it where slots are added, not on a fast path.
+    pub(crate) fn grow(&mut self, n: usize) {
+        if n <= self.leaves {
+            return;
+        }
+        let t = MinTree::new(n);
+        for i in 0..self.leaves {
+            t.set(i, self.get(i));
+        }
+        *self = t;
     }
 
     /// The earliest time of any slot (`Time::NEVER` when none is set).
@@ -279,5 +294,23 @@ mod tests {
                 assert_eq!(got, exp);
             }
         }
+    }
+
+    #[test]
+    fn min_tree_grows_keeping_its_times() {
+        let mut t = MinTree::new(1);
+        t.set(0, Time(50));
+        for n in 2..=9usize {
+            t.grow(n);
+            assert_eq!(t.get(n - 1), Time::NEVER);
+            t.set(n - 1, Time(100 - n as u64));
+        }
+        assert_eq!(t.get(0), Time(50));
+        assert_eq!(t.min(), Time(50));
+        t.set(0, Time::NEVER);
+        assert_eq!(t.min(), Time(91));
+        assert_eq!(t.next_due(0, Time(93)), Some(6));
+        t.grow(3); // smaller: nothing changes
+        assert_eq!(t.get(8), Time(91));
     }
 }
