@@ -1,7 +1,7 @@
 //! The driver: one protocol core joined to one packet I/O link. One call of
 //! [`Driver::progress`] sends what the application queued since the last
-//! call, receives a burst, feeds it to the core, runs due timers, then builds
-//! the core's outgoing frames in place and sends them as a burst. Whoever owns the driver (a polling thread, or an application thread
+//! call, runs due timers, receives a burst and feeds it to the core, then
+//! builds the core's outgoing frames in place and sends them as a burst. Whoever owns the driver (a polling thread, or an application thread
 //! in inline mode) calls it; nothing else touches the core or the link.
 
 use std::time::Instant;
@@ -251,6 +251,16 @@ impl<L: PacketIo> Driver<L> {
             p.sent = self.transmit(now);
         }
 
+        // Timers before the burst, not between it and its completions: a
+        // message received waits for no timer check on its way to the
+        // application, and the check runs while the frame just sent is on
+        // the wire.
+        for core in &mut self.cores {
+            if core.poll_timeout().is_some_and(|t| t <= now) {
+                core.handle_timeout(now);
+            }
+        }
+
         // In: a burst from the link into the cores. Bad frames are counted by
         // a core and dropped; there is nothing more to do about them here.
         p.received = self.io.recv(&mut self.rx, BURST);
@@ -274,12 +284,6 @@ impl<L: PacketIo> Driver<L> {
             // One fence for the burst's streaming stores, not one per frame.
             for core in &mut self.cores {
                 core.fence_streaming();
-            }
-        }
-
-        for core in &mut self.cores {
-            if core.poll_timeout().is_some_and(|t| t <= now) {
-                core.handle_timeout(now);
             }
         }
 
