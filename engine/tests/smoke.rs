@@ -188,3 +188,50 @@ fn small_messages_overtake_a_long_transfer() {
         order[0].1
     );
 }
+
+/// A peer leaves the transmit list with the frame that empties it, so the
+/// runtime does not prepare a frame buffer only to learn there is nothing
+/// more; a peer with more to send stays on it.
+#[test]
+fn may_transmit_turns_false_with_the_last_frame() {
+    let cfg = CoreConfig::default();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    // A first message sets the session up (epochs, credit); then all goes quiet.
+    let now = sim.now();
+    sim.core(1)
+        .post_recv(now, Some(addr(0)), 1, !0, vec![0; 8], 1)
+        .unwrap();
+    sim.core(0).send(now, addr(1), 1, pattern(1, 8), 1).unwrap();
+    let mut completed = 0;
+    let done = sim.run_until(Time::from_micros(10_000), |sim| {
+        completed += drain(sim).len();
+        completed == 2
+    });
+    assert!(done, "the first message did not go through");
+    sim.run_until(sim.now() + Duration::from_millis(1), |_| false);
+    assert!(
+        !sim.core(0).may_transmit(),
+        "nothing should be left to send"
+    );
+
+    let now = sim.now();
+    sim.core(0).send(now, addr(1), 2, pattern(2, 8), 2).unwrap();
+    assert!(sim.core(0).may_transmit());
+    assert!(take_frame(&mut sim, 0).is_some());
+    assert!(
+        !sim.core(0).may_transmit(),
+        "the peer's only frame is out, yet it is still on the transmit list"
+    );
+
+    // Two messages too long to share a frame: the first frame leaves the peer listed.
+    let now = sim.now();
+    for k in 3..5 {
+        sim.core(0)
+            .send(now, addr(1), k, pattern(k, 1000), k)
+            .unwrap();
+    }
+    assert!(take_frame(&mut sim, 0).is_some());
+    assert!(sim.core(0).may_transmit());
+    assert!(take_frame(&mut sim, 0).is_some());
+    assert!(!sim.core(0).may_transmit());
+}
