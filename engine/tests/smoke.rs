@@ -197,17 +197,7 @@ fn may_transmit_turns_false_with_the_last_frame() {
     let cfg = CoreConfig::default();
     let mut sim = make_sim(2, LinkConfig::default(), &cfg);
     // A first message sets the session up (epochs, credit); then all goes quiet.
-    let now = sim.now();
-    sim.core(1)
-        .post_recv(now, Some(addr(0)), 1, !0, vec![0; 8], 1)
-        .unwrap();
-    sim.core(0).send(now, addr(1), 1, pattern(1, 8), 1).unwrap();
-    let mut completed = 0;
-    let done = sim.run_until(Time::from_micros(10_000), |sim| {
-        completed += drain(sim).len();
-        completed == 2
-    });
-    assert!(done, "the first message did not go through");
+    transfer(&mut sim, 0, 1, 8, 1);
     sim.run_until(sim.now() + Duration::from_millis(1), |_| false);
     assert!(
         !sim.core(0).may_transmit(),

@@ -98,3 +98,30 @@ pub fn take_frame(sim: &mut TestSim, i: usize) -> Option<Vec<u8>> {
     }
     Some(v)
 }
+
+/// Sends `len` bytes from `a` to `b` (receive posted first) and runs until both finish.
+pub fn transfer(sim: &mut TestSim, a: usize, b: usize, len: usize, tag: u64) {
+    let now = sim.now();
+    sim.core(b)
+        .post_recv(now, Some(addr(a)), tag, !0, vec![0; len], 1)
+        .unwrap();
+    sim.core(a)
+        .send(now, addr(b), tag, pattern(tag, len), 2)
+        .unwrap();
+    let mut done = 0;
+    let deadline = sim.now() + std::time::Duration::from_secs(1);
+    let ok = sim.run_until(deadline, |sim| {
+        for (_, c) in drain(sim) {
+            match c {
+                Completion::Send(s) => s.result.unwrap(),
+                Completion::Recv(r) => {
+                    r.result.unwrap();
+                    assert!(r.buf == pattern(tag, len));
+                }
+            }
+            done += 1;
+        }
+        done == 2
+    });
+    assert!(ok, "transfer {a}->{b} of {len} bytes did not finish");
+}
