@@ -177,12 +177,18 @@ fn registered_send_is_not_copied_nor_released_before_ack() {
         drop(back);
         assert_eq!(region.lent_bytes(), 0);
     }
-    let (_, io) = a.stats(Addr::new(2, 0)).unwrap();
+    let (peer, io) = a.stats(Addr::new(2, 0)).unwrap();
     let total = 100 + 40_000 + (3 << 20);
-    assert_eq!(
-        io.payload_attached + io.payload_copied,
-        total,
-        "every byte left once: {io:?}"
+    // Every byte left once, but for frames sent again: on a loaded machine
+    // (tests run side by side on 2 cores) a timer can fire while a burst
+    // waits in the ring, and the frames go again, attached again.
+    let resent = peer.unwrap().retransmits;
+    let extra = (io.payload_attached + io.payload_copied)
+        .checked_sub(total)
+        .unwrap_or_else(|| panic!("every byte left: {io:?}"));
+    assert!(
+        extra <= resent * 1500,
+        "no byte left twice but in the {resent} frames sent again: {io:?}"
     );
     // The 100-byte message and the short last frame of each eager message
     // or pulled block are copied; every full frame is attached.
