@@ -1,6 +1,7 @@
 //! Packing: small eager messages queued together for one peer leave several to a
 //! frame (PACK), arrive whole and in order, survive a bad link, and a PACK that lies
-//! changes nothing at its receiver.
+//! changes nothing at its receiver. Also the other payload written in place: a short
+//! one copied behind its header.
 
 mod common;
 
@@ -303,4 +304,42 @@ fn a_pack_that_lies_changes_nothing() {
         })
         .collect();
     assert_eq!(got, [0, 1, 2, 3]);
+}
+
+/// A core told to copy payloads shorter than a limit writes them behind the
+/// header (no reference to resolve); longer ones, and any when the buffer
+/// holds only headers, stay by reference.
+#[test]
+fn short_payloads_are_copied_in_place_longer_ones_referenced() {
+    let mut sim = ready_pair(&CoreConfig::default());
+    let now = sim.now();
+    sim.core(0).set_copy_below(100);
+    let short = pattern(1, 99);
+    sim.core(0).send(now, addr(1), 2, short.clone(), 0).unwrap();
+    let mut buf = vec![0u8; FRAME_HEADER_LEN + 1500];
+    let tx = sim.core(0).poll_transmit(now, &mut buf).expect("a frame");
+    assert_eq!((tx.payload, tx.copied), (None, 99));
+    assert_eq!(tx.header_len, FRAME_HEADER_LEN + 99);
+    assert_eq!(&buf[FRAME_HEADER_LEN..tx.header_len], &short[..]);
+    let h = header(&buf[..tx.header_len]);
+    assert_eq!((h.payload_len, h.msg_len), (99, 99));
+
+    sim.core(0)
+        .send(now, addr(1), 3, pattern(2, 100), 0)
+        .unwrap();
+    let tx = sim.core(0).poll_transmit(now, &mut buf).expect("a frame");
+    assert_eq!((tx.header_len, tx.copied), (FRAME_HEADER_LEN, 0));
+    assert_eq!(
+        tx.payload.map(|p| p.len),
+        Some(100),
+        "at the limit: by reference"
+    );
+
+    sim.core(0)
+        .send(now, addr(1), 4, pattern(3, 10), 0)
+        .unwrap();
+    let mut hdr = [0u8; FRAME_HEADER_LEN];
+    let tx = sim.core(0).poll_transmit(now, &mut hdr).expect("a frame");
+    assert_eq!((tx.header_len, tx.copied), (FRAME_HEADER_LEN, 0));
+    assert_eq!(tx.payload.map(|p| p.len), Some(10), "no room: by reference");
 }

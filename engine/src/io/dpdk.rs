@@ -186,6 +186,14 @@ impl PacketIo for DpdkIo {
         self.max_frame
     }
 
+    fn copy_below(&self) -> usize {
+        if self.zero_copy {
+            self.copy_below
+        } else {
+            usize::MAX
+        }
+    }
+
     fn stats(&self) -> IoStats {
         self.stats
     }

@@ -49,6 +49,9 @@ macro_rules! delegate_packet_io {
         fn max_frame(&self) -> usize {
             self.inner.max_frame()
         }
+        fn copy_below(&self) -> usize {
+            self.inner.copy_below()
+        }
         fn stats(&self) -> $crate::io::IoStats {
             self.inner.stats()
         }
@@ -309,6 +312,15 @@ pub trait PacketIo {
 
     /// Largest frame in bytes, Ethernet header included (MTU + 14).
     fn max_frame(&self) -> usize;
+
+    /// Payloads shorter than this are copied into the frame by
+    /// [`attach`](Self::attach) whatever memory they are in, so the builder
+    /// of a frame may as well copy them itself, behind the header
+    /// ([`Core::set_copy_below`](crate::proto::Core::set_copy_below)). The
+    /// default, for links that copy every payload: no limit.
+    fn copy_below(&self) -> usize {
+        usize::MAX
+    }
 
     /// The counters.
     fn stats(&self) -> IoStats;

@@ -64,10 +64,14 @@ pub struct Transmit {
     /// The peer the frame goes to (its MAC is in the Ethernet header already).
     pub peer: PeerId,
     /// Bytes of `buf` written: Ethernet and emx headers and, in a PACK, the packed
-    /// messages' records after them.
+    /// messages' records after them, or a payload copied in place (see
+    /// [`Core::set_copy_below`]).
     pub header_len: usize,
     /// Payload to send right after the header, by reference into a send's buffer.
     pub payload: Option<PayloadRef>,
+    /// Payload bytes of a send's buffer copied into `buf` behind the headers
+    /// (included in `header_len`; 0 when the payload is by reference).
+    pub copied: usize,
 }
 
 impl Transmit {
@@ -379,6 +383,9 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     /// Bytes of the buffers of live receives that can take a rendezvous message
     /// (longer than the eager threshold): compared with `stream_min`.
     pub(crate) large_posted: u64,
+    /// Payloads shorter than this are copied into the frame buffer behind the
+    /// headers (see [`set_copy_below`](Self::set_copy_below)).
+    pub(crate) copy_below: usize,
 }
 
 impl<S: AsRef<[u8]>, R: RecvBuffer> Drop for Core<S, R> {
@@ -506,6 +513,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             lend_base: None,
             streamed: false,
             large_posted: 0,
+            copy_below: 0,
             lent: None,
             completions: VecDeque::with_capacity(cfg.max_sends + cfg.max_recvs),
             stats: CoreStats::default(),
@@ -1002,6 +1010,17 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             return None;
         }
         s.buf.as_ref()
+    }
+
+    /// Payloads shorter than `n` bytes are copied into the buffer given to
+    /// [`poll_transmit`](Self::poll_transmit), behind the headers, when it has
+    /// room ([`Transmit::copied`] says how many bytes); longer ones, and all
+    /// when the buffer holds only headers, are given by reference
+    /// ([`Transmit::payload`]). The caller that would copy a short payload
+    /// anyway saves a lookup and a second pass over the frame. Default 0:
+    /// every payload by reference.
+    pub fn set_copy_below(&mut self, n: usize) {
+        self.copy_below = n;
     }
 
     /// The bytes a [`PayloadRef`] names.
@@ -1824,7 +1843,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         h.seq = f.seq;
         h.msg_id = f.msg_id;
         let mut payload = None;
-        let mut packed = 0;
+        // Bytes written behind the header: PACK records, or a short payload.
+        let (mut inline, mut copied) = (0, 0);
         match f.kind {
             FrameType::Eager | FrameType::Rts | FrameType::PullData => {
                 let s = &self.sends[f.slot as usize];
@@ -1832,12 +1852,23 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 h.msg_len = s.len;
                 h.frag_offset = f.offset;
                 h.payload_len = f.len as u16;
+                let len = f.len as usize;
                 if f.kind != FrameType::Rts {
-                    payload = Some(PayloadRef {
-                        req: RequestId::send(f.slot, s.gen),
-                        offset: f.offset,
-                        len: f.len,
-                    });
+                    if len < self.copy_below && FRAME_HEADER_LEN + len <= buf.len() {
+                        // Short: copied in place, behind the header.
+                        let data = s.buf.as_ref().expect("a send in flight is live").as_ref();
+                        let at = f.offset as usize;
+                        buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len]
+                            .copy_from_slice(&data[at..at + len]);
+                        inline = len;
+                        copied = len;
+                    } else {
+                        payload = Some(PayloadRef {
+                            req: RequestId::send(f.slot, s.gen),
+                            offset: f.offset,
+                            len: f.len,
+                        });
+                    }
                 }
             }
             FrameType::Pull => {
@@ -1852,12 +1883,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 for _ in 0..f.len {
                     let s = &self.sends[j as usize];
                     let data = s.buf.as_ref().expect("a packed send is live").as_ref();
-                    packed += write_pack_record(&mut out[packed..], s.match_bits, data);
+                    inline += write_pack_record(&mut out[inline..], s.match_bits, data);
                     j = self.send_links.next(j);
                 }
-                debug_assert_eq!(packed as u64, f.offset);
+                debug_assert_eq!(inline as u64, f.offset);
                 h.msg_len = u64::from(f.len);
-                h.payload_len = packed as u16;
+                h.payload_len = inline as u16;
                 if h.flags & flags::CSUM_HEADER != 0 {
                     // The records are headers too.
                     h.flags |= flags::CSUM_PAYLOAD;
@@ -1869,7 +1900,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             let rto = self.peers[p as usize].rtt.rto(self.cfg.rto_max);
             self.peers[p as usize].rto_at = now + rto;
         }
-        self.finish_emit(p, &h, buf, payload, packed)
+        let mut t = self.finish_emit(p, &h, buf, payload, inline);
+        t.copied = copied;
+        t
     }
 
     fn emit_control(&mut self, p: u16, ft: FrameType, ping: bool, buf: &mut [u8]) -> Transmit {
@@ -1935,6 +1968,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             peer: PeerId(p),
             header_len: n,
             payload,
+            copied: 0,
         }
     }
 }
