@@ -46,6 +46,7 @@ fn main() {
         .unwrap();
         let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
         report("memif pair", &measure(&mut a, &mut b, n));
+        report_idle(&mut a, n);
     } else {
         let (ia, ib) = MemNetwork::pair(1500);
         let (ma, mb) = (ia.mac(), ib.mac());
@@ -53,6 +54,7 @@ fn main() {
         let mut eb = Engine::start(&EngineConfig::with_peer(2, 1, ma), ib).unwrap();
         let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
         report("in-memory link", &measure(&mut a, &mut b, n));
+        report_idle(&mut a, n);
     }
 }
 
@@ -66,6 +68,22 @@ fn report(link: &str, results: &[f64]) {
         results[results.len() / 2],
         results.len()
     );
+}
+
+/// An idle progress call (nothing queued, nothing arriving): how long a
+/// waiting application takes, at most, to notice a frame that lands just
+/// after its poll.
+fn report_idle(a: &mut Endpoint, n: u32) {
+    let calls = 10 * n;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        for _ in 0..calls {
+            std::hint::black_box(a.progress());
+        }
+        best = best.min(t0.elapsed().as_nanos() as f64 / f64::from(calls));
+    }
+    println!("idle progress call: best {best:.1} ns ({calls} calls per run, 5 runs)");
 }
 
 /// Five runs of `n` round trips from `a` to `b` and back; sorted
