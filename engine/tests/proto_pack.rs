@@ -52,32 +52,14 @@ fn exchange(cfg: &CoreConfig, link: LinkConfig, n: u64) -> TestSim {
     for k in (1..n).step_by(2) {
         post(&mut sim, k);
     }
-    let (mut sends, mut recvs) = (0, 0u64);
-    let ok = sim.run_until(Time::from_micros(30_000_000), |sim| {
-        for (_, c) in drain(sim) {
-            match c {
-                Completion::Send(s) => {
-                    s.result.unwrap();
-                    sends += 1;
-                }
-                Completion::Recv(r) => {
-                    let info = r.result.unwrap();
-                    // Receives complete in message order, whichever was posted first.
-                    assert_eq!(info.match_bits, recvs, "message order");
-                    let k = info.match_bits;
-                    assert_eq!(info.msg_len as usize, len_of(k));
-                    assert_eq!(&r.buf[..len_of(k)], &pattern(k, len_of(k))[..], "{k}");
-                    recvs += 1;
-                }
-            }
-        }
-        sends == n && recvs == n
+    await_exchange(&mut sim, Time::from_micros(30_000_000), n, |i, r| {
+        let info = r.result.unwrap();
+        // Receives complete in message order, whichever was posted first.
+        assert_eq!(info.match_bits, i, "message order");
+        let k = info.match_bits;
+        assert_eq!(info.msg_len as usize, len_of(k));
+        assert_eq!(&r.buf[..len_of(k)], &pattern(k, len_of(k))[..], "{k}");
     });
-    assert!(
-        ok,
-        "sends {sends}/{n}, receives {recvs}/{n} at {:?}",
-        sim.now()
-    );
     sim
 }
 

@@ -31,32 +31,17 @@ fn exchange(cfg: CoreConfig, link: LinkConfig, sizes: &[usize], recv_first: bool
         sim.run_until(Time::from_micros(200), |_| false);
         post(&mut sim);
     }
-    let mut sends = 0;
-    let mut recvs = 0;
-    let ok = sim.run_until(Time(10_000_000_000), |sim| {
-        for (_, c) in drain(sim) {
-            match c {
-                Completion::Send(s) => {
-                    s.result.unwrap();
-                    sends += 1;
-                }
-                Completion::Recv(r) => {
-                    let info = r.result.unwrap();
-                    let k = r.ctx;
-                    assert_eq!(info.match_bits, k);
-                    assert_eq!(info.msg_len as usize, sizes[k as usize]);
-                    assert!(!info.truncated);
-                    assert!(
-                        r.buf == pattern(k, sizes[k as usize]),
-                        "message {k} corrupted"
-                    );
-                    recvs += 1;
-                }
-            }
-        }
-        sends == n && recvs == n
+    await_exchange(&mut sim, Time(10_000_000_000), n as u64, |_, r| {
+        let info = r.result.unwrap();
+        let k = r.ctx;
+        assert_eq!(info.match_bits, k);
+        assert_eq!(info.msg_len as usize, sizes[k as usize]);
+        assert!(!info.truncated);
+        assert!(
+            r.buf == pattern(k, sizes[k as usize]),
+            "message {k} corrupted"
+        );
     });
-    assert!(ok, "sends {sends}/{n} recvs {recvs}/{n} at {:?}", sim.now());
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Shared scaffolding for the integration tests: cores on a simulated switch.
 #![allow(dead_code)]
 
-use emx::proto::{Addr, Completion, Core, CoreConfig, MacAddr, RecvBuffer, Time};
+use emx::proto::{Addr, Completion, Core, CoreConfig, MacAddr, RecvBuffer, RecvDone, Time};
 use emx::sim::{LinkConfig, Sim};
 
 pub type TestCore = Core<Vec<u8>, Vec<u8>>;
@@ -124,4 +124,35 @@ pub fn transfer(sim: &mut TestSim, a: usize, b: usize, len: usize, tag: u64) {
         done == 2
     });
     assert!(ok, "transfer {a}->{b} of {len} bytes did not finish");
+}
+
+/// Runs until `n` sends and `n` receives have completed (by `deadline`), every
+/// one successfully; each receive goes to `check` with how many came before it.
+pub fn await_exchange(
+    sim: &mut TestSim,
+    deadline: Time,
+    n: u64,
+    mut check: impl FnMut(u64, RecvDone<Vec<u8>>),
+) {
+    let (mut sends, mut recvs) = (0u64, 0u64);
+    let ok = sim.run_until(deadline, |sim| {
+        for (_, c) in drain(sim) {
+            match c {
+                Completion::Send(s) => {
+                    s.result.unwrap();
+                    sends += 1;
+                }
+                Completion::Recv(r) => {
+                    check(recvs, r);
+                    recvs += 1;
+                }
+            }
+        }
+        sends == n && recvs == n
+    });
+    assert!(
+        ok,
+        "sends {sends}/{n}, receives {recvs}/{n} at {:?}",
+        sim.now()
+    );
 }
