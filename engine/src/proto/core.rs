@@ -1844,7 +1844,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         h.msg_id = f.msg_id;
         let mut payload = None;
         // Bytes written behind the header: PACK records, or a short payload.
-        let (mut inline, mut copied) = (0, 0);
+        let mut inline = 0;
         match f.kind {
             FrameType::Eager | FrameType::Rts | FrameType::PullData => {
                 let s = &self.sends[f.slot as usize];
@@ -1861,7 +1861,6 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                         buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len]
                             .copy_from_slice(&data[at..at + len]);
                         inline = len;
-                        copied = len;
                     } else {
                         payload = Some(PayloadRef {
                             req: RequestId::send(f.slot, s.gen),
@@ -1901,7 +1900,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.peers[p as usize].rto_at = now + rto;
         }
         let mut t = self.finish_emit(p, &h, buf, payload, inline);
-        t.copied = copied;
+        if f.kind != FrameType::Pack {
+            // A payload, not records.
+            t.copied = inline;
+        }
         t
     }
 
