@@ -5,7 +5,7 @@
 //! needed, none used). Compare with `proto_cost` (the core alone) to see what the
 //! runtime adds; under `valgrind --tool=callgrind` it counts instructions.
 //!
-//! `cargo run --release -p emx --example runtime_cost [round trips per run] [memif]`
+//! `cargo run --release -p emx --example runtime_cost [round trips per run] [memif [stream|rate]]`
 
 use std::time::{Duration, Instant};
 
@@ -45,10 +45,14 @@ fn main() {
         )
         .unwrap();
         let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
-        if std::env::args().nth(3).as_deref() == Some("stream") {
+        let streams = [("stream", 1 << 20, 4), ("rate", 8, 64)];
+        if let Some(&(_, size, window)) = streams
+            .iter()
+            .find(|s| std::env::args().nth(3).as_deref() == Some(s.0))
+        {
             let region = dpdk_ffi::ExtMem::with_pages(&eal, 64 << 20, false).unwrap();
             region.dma_map(&pa).unwrap();
-            stream(&mut a, &mut b, &region, n);
+            stream(&mut a, &mut b, &region, n, size, window);
             return;
         }
         report("memif pair", &measure(&mut a, &mut b, n));
@@ -76,18 +80,24 @@ fn report(link: &str, results: &[f64]) {
     );
 }
 
-/// Streams `n` messages of 1 MiB from registered memory, four in flight,
-/// from `a` into registered receive buffers at `b`: the CPU cost of both
-/// sides of a bandwidth test on one core.
-fn stream(a: &mut Endpoint, b: &mut Endpoint, region: &dpdk_ffi::ExtMem, n: u32) {
-    const SIZE: usize = 1 << 20;
-    const WINDOW: usize = 4;
+/// Streams `n` messages of `size` bytes from registered memory, `window`
+/// in flight, from `a` into registered receive buffers at `b`: the CPU cost
+/// of both sides of a bandwidth (`stream`: 1 MiB, 4 in flight) or message
+/// rate (`rate`: 8 B, 64 in flight) test on one core.
+fn stream(
+    a: &mut Endpoint,
+    b: &mut Endpoint,
+    region: &dpdk_ffi::ExtMem,
+    n: u32,
+    size: usize,
+    window: usize,
+) {
     let (to_b, to_a) = (Addr::new(2, 0), Addr::new(1, 0));
-    let mut sbufs: Vec<_> = (0..WINDOW)
-        .map(|_| SendBuf::Registered(region.alloc(SIZE, 64).unwrap()))
+    let mut sbufs: Vec<_> = (0..window)
+        .map(|_| SendBuf::Registered(region.alloc(size, 64).unwrap()))
         .collect();
-    let mut rbufs: Vec<_> = (0..WINDOW)
-        .map(|_| RecvBuf::Registered(region.alloc(SIZE, 64).unwrap()))
+    let mut rbufs: Vec<_> = (0..window)
+        .map(|_| RecvBuf::Registered(region.alloc(size, 64).unwrap()))
         .collect();
     let (mut sends, mut recvs) = (
         std::collections::VecDeque::new(),
@@ -117,9 +127,9 @@ fn stream(a: &mut Endpoint, b: &mut Endpoint, region: &dpdk_ffi::ExtMem, n: u32)
     }
     let ns = t0.elapsed().as_nanos() as f64 / f64::from(n);
     println!(
-        "emx stream, 1 MiB messages, {WINDOW} in flight, both sides on one thread: \
+        "emx stream, {size} B messages, {window} in flight, both sides on one thread: \
          {ns:.0} ns per message, {:.1} Gbit/s",
-        (SIZE * 8) as f64 / ns
+        (size * 8) as f64 / ns
     );
 }
 
