@@ -16,7 +16,8 @@ pub struct PeerStats {
     pub bytes_received: u64,
     /// Reliable frames sent again (timeout or fast retransmit).
     pub retransmits: u64,
-    /// Of those, retransmissions after a timeout.
+    /// Frames the retransmission timer declared lost (one acknowledged
+    /// before it went out again counts here, not in `retransmits`).
     pub timeouts: u64,
     /// Reliable frames received twice (dropped).
     pub duplicates: u64,

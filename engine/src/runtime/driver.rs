@@ -261,15 +261,17 @@ impl<L: PacketIo> Driver<L> {
             p.sent = self.transmit(now);
         }
 
-        // Timers before the burst, not between it and its completions: a
-        // message received waits for no timer check on its way to the
-        // application, and the check runs while the frame just sent is on
-        // the wire.
-        for core in &mut self.cores {
-            if core.poll_timeout().is_some_and(|t| t <= now) {
-                core.handle_timeout(now);
-            }
-        }
+        // Timers are checked before the burst, not between it and its
+        // completions: a message received waits for no timer check on its way
+        // to the application, and the check runs while the frame just sent
+        // is on the wire. A timer that is due is handled after the burst: the
+        // acks that came in while this thread was not running (descheduled,
+        // or busy in the application) count before the retransmission timer
+        // declares their frames lost and sends them again.
+        let due = self
+            .cores
+            .iter()
+            .any(|c| c.poll_timeout().is_some_and(|t| t <= now));
 
         // In: a burst from the link into the cores. Bad frames are counted by
         // a core and dropped; there is nothing more to do about them here.
@@ -294,6 +296,14 @@ impl<L: PacketIo> Driver<L> {
             // One fence for the burst's streaming stores, not one per frame.
             for core in &mut self.cores {
                 core.fence_streaming();
+            }
+        }
+
+        if due {
+            for core in &mut self.cores {
+                if core.poll_timeout().is_some_and(|t| t <= now) {
+                    core.handle_timeout(now);
+                }
             }
         }
 
