@@ -312,6 +312,12 @@ impl EmxSide {
         }
     }
 
+    /// The endpoint's protocol counters toward its peer.
+    pub(crate) fn peer_stats(&mut self) -> Result<emx::proto::PeerStats, String> {
+        let (peer, _) = self.ep.stats(self.peer).map_err(|e| e.to_string())?;
+        Ok(peer.unwrap_or_default())
+    }
+
     pub(crate) fn send(&mut self, tag: u64) -> bool {
         let Some(b) = self.free.pop() else {
             return false;

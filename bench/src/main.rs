@@ -330,7 +330,12 @@ fn run(args: &Args) -> Result<(), String> {
                     };
                     bar.set_message(format!("{test:?} {} {}", t.label(), report::human(size)));
                     match measure(&mut session, test, t, size, args, pace) {
-                        Ok(Some(s)) => col.add(test, t, size, s),
+                        Ok(Some(s)) => {
+                            col.add(test, t, size, s);
+                            if let Some(p) = session.take_protocol() {
+                                col.count(test, t, size, &p);
+                            }
+                        }
                         Ok(None) => {}
                         Err(Skip::Not(why)) => {
                             let line = format!("{test:?} {} {size} B: {why}", t.label());

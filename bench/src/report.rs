@@ -58,6 +58,61 @@ pub struct Flow {
     pub rounds_gbit_s: Vec<f64>,
 }
 
+/// emx protocol counters of the measuring side (the pinger, the sender of a
+/// one-way stream) toward its peer, summed over rounds, warm-up included: what
+/// a rate or a tail costs in frames, retransmissions and stalls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Protocol {
+    /// Frames sent (retransmissions and pure acks included).
+    pub frames_sent: u64,
+    /// Frames received and accepted.
+    pub frames_received: u64,
+    /// Reliable frames sent again (timeout or fast retransmit).
+    pub retransmits: u64,
+    /// Frames the retransmission timer declared lost.
+    pub timeouts: u64,
+    /// Frames received twice (dropped).
+    pub duplicates: u64,
+    /// Pure ack frames sent.
+    pub acks_sent: u64,
+    /// Times the send window filled up while frames waited.
+    pub window_stalls: u64,
+    /// Times a message waited for the peer's credits.
+    pub credit_stalls: u64,
+    /// Messages sent packed several to a frame.
+    pub msgs_packed: u64,
+}
+
+impl Protocol {
+    /// The counters that moved from `before` to `after`.
+    pub fn between(before: &emx::proto::PeerStats, after: &emx::proto::PeerStats) -> Protocol {
+        let d = |a: u64, b: u64| b.saturating_sub(a);
+        Protocol {
+            frames_sent: d(before.frames_sent, after.frames_sent),
+            frames_received: d(before.frames_received, after.frames_received),
+            retransmits: d(before.retransmits, after.retransmits),
+            timeouts: d(before.timeouts, after.timeouts),
+            duplicates: d(before.duplicates, after.duplicates),
+            acks_sent: d(before.acks_sent, after.acks_sent),
+            window_stalls: d(before.window_stalls, after.window_stalls),
+            credit_stalls: d(before.credit_stalls, after.credit_stalls),
+            msgs_packed: d(before.msgs_packed, after.msgs_packed),
+        }
+    }
+
+    fn add(&mut self, o: &Protocol) {
+        self.frames_sent += o.frames_sent;
+        self.frames_received += o.frames_received;
+        self.retransmits += o.retransmits;
+        self.timeouts += o.timeouts;
+        self.duplicates += o.duplicates;
+        self.acks_sent += o.acks_sent;
+        self.window_stalls += o.window_stalls;
+        self.credit_stalls += o.credit_stalls;
+        self.msgs_packed += o.msgs_packed;
+    }
+}
+
 /// One line of results.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
@@ -76,6 +131,9 @@ pub struct Row {
     /// Latency only: p99 against raw's p99 (medians over rounds).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_ratio_to_raw: Option<f64>,
+    /// emx transports: protocol counters over the rounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Protocol>,
 }
 
 /// The whole run.
@@ -101,6 +159,7 @@ pub enum Sample {
 #[derive(Default)]
 pub struct Collector {
     samples: BTreeMap<(Test, usize, u8), Vec<(Transport, Sample)>>,
+    protocol: BTreeMap<(Test, usize, u8), Protocol>,
 }
 
 fn tkey(t: Transport) -> u8 {
@@ -114,6 +173,14 @@ impl Collector {
             .entry((test, size, tkey(t)))
             .or_default()
             .push((t, s));
+    }
+
+    /// Adds one round's protocol counters.
+    pub fn count(&mut self, test: Test, t: Transport, size: usize, p: &Protocol) {
+        self.protocol
+            .entry((test, size, tkey(t)))
+            .or_default()
+            .add(p);
     }
 
     /// Aggregates into rows.
@@ -130,6 +197,7 @@ impl Collector {
                 flow: None,
                 ratio_to_raw: None,
                 p99_ratio_to_raw: None,
+                protocol: self.protocol.get(&(test, size, tkey(t))).copied(),
             };
             let hists: Vec<&Histogram<u64>> = samples
                 .iter()
@@ -327,6 +395,28 @@ impl Report {
                     let _ = write!(o, " {cell:>24}");
                 }
                 o.push('\n');
+            }
+        }
+        // Retransmissions move figures: say where there were any.
+        let lossy: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.protocol.is_some_and(|p| p.retransmits > 0))
+            .collect();
+        if !lossy.is_empty() {
+            let _ = writeln!(o, "\nframes sent again (emx, measuring side):");
+            for r in lossy {
+                let p = r.protocol.expect("filtered");
+                let _ = writeln!(
+                    o,
+                    "  {:?} {} {}: {} of {} frames ({:.3}%)",
+                    r.test,
+                    r.transport.label(),
+                    human(r.size),
+                    p.retransmits,
+                    p.frames_sent,
+                    100.0 * p.retransmits as f64 / p.frames_sent.max(1) as f64
+                );
             }
         }
         if !self.skipped.is_empty() {

@@ -21,13 +21,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpdk_ffi::{Burst, Eal, ExtMem, HugepageMode, Mbuf, Mempool, RxQueue};
-use emx::proto::Addr;
+use emx::proto::{Addr, PeerStats};
 use emx::runtime::ProgressMode;
 use hdrhistogram::Histogram;
 
 use crate::chans::{channel, Chans};
 use crate::link::{End, Link, LinkKind, SideSpec, RAW};
 use crate::raw;
+use crate::report::Protocol;
 
 /// EtherType of raw benchmark frames (emx uses 0x88B5).
 const RAW_ETHERTYPE: u16 = 0x88B6;
@@ -244,6 +245,8 @@ pub struct Session {
     pool: Mempool,
     raw_hdr: [u8; 14],
     chans: Chans,
+    /// The last emx measurement's protocol counters (see `take_protocol`).
+    protocol: Option<Protocol>,
     // Dropped last: the namespaces of a veth link go after the ports.
     link: Link,
     _eal: Eal,
@@ -472,6 +475,7 @@ impl Session {
             pool,
             raw_hdr,
             chans,
+            protocol: None,
             link,
             _eal: eal,
         })
@@ -604,8 +608,10 @@ impl Session {
                 let ep = usize::from(t == Transport::EmxThread);
                 let gen = self.command(Cmd::EmxPong { ep, size })?;
                 self.chans.side(ep).buffers(size, 2)?;
+                let before = self.chans.side(ep).peer_stats()?;
                 self.measure(pace, &mut hist, |s| s.emx_ping(ep, gen))?;
                 self.chans.side(ep).quiesce()?;
+                self.count_protocol(ep, &before)?;
             }
             Transport::Udp | Transport::Tcp => {
                 return Err("kernel transports are measured by crate::kernel".into())
@@ -613,6 +619,17 @@ impl Session {
         }
         self.command(Cmd::Idle)?;
         Ok(hist)
+    }
+
+    fn count_protocol(&mut self, ep: usize, before: &PeerStats) -> Result<(), String> {
+        let after = self.chans.side(ep).peer_stats()?;
+        self.protocol = Some(Protocol::between(before, &after));
+        Ok(())
+    }
+
+    /// The protocol counters of the last emx measurement, once.
+    pub fn take_protocol(&mut self) -> Option<Protocol> {
+        self.protocol.take()
     }
 
     /// Runs `once` (one round trip; `Ok(false)`: lost, not recorded) until
@@ -728,7 +745,10 @@ impl Session {
             Transport::Raw => self.raw_stream(size, bidir, pace)?,
             Transport::Emx | Transport::EmxThread => {
                 let ep = usize::from(t == Transport::EmxThread);
-                self.emx_stream(ep, size, window, bidir, pace)?
+                let before = self.chans.side(ep).peer_stats()?;
+                let got = self.emx_stream(ep, size, window, bidir, pace)?;
+                self.count_protocol(ep, &before)?;
+                got
             }
             _ => return Err(format!("{} does not stream here", t.label())),
         };

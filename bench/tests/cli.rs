@@ -92,6 +92,22 @@ fn check_rows(report: &Value, test: &str) -> Vec<Value> {
         if t != "raw" {
             assert!(f(r, "ratio_to_raw") > 0.0, "ratio against raw: {r}");
         }
+        let p = &r["protocol"];
+        if t.starts_with("emx") {
+            // The measuring side's counters: it sent and heard back.
+            let (sent, got) = (f(p, "frames_sent"), f(p, "frames_received"));
+            assert!(sent > 0.0 && got > 0.0, "{r}");
+            assert!(f(p, "retransmits") <= sent, "{r}");
+            if test == "bandwidth" {
+                // Every message the receiver counted went out in whole
+                // frames (payload at most 1500 bytes each), warm-up besides.
+                let size = r["size"].as_f64().unwrap();
+                let least = f(&r["flow"], "msgs") * (size / 1500.0).floor();
+                assert!(sent >= least, "{r}");
+            }
+        } else {
+            assert!(p.is_null(), "protocol counters are emx's: {r}");
+        }
     }
     rows
 }
