@@ -131,6 +131,20 @@ fn stream(
          {ns:.0} ns per message, {:.1} Gbit/s",
         (size * 8) as f64 / ns
     );
+    for (name, e, peer) in [("sender", a, to_b), ("receiver", b, to_a)] {
+        let (st, _) = e.stats(peer).unwrap();
+        let st = st.unwrap_or_default();
+        println!(
+            "{name}: {} frames sent, {} received, {} retransmitted, {} timed out, {} duplicates, \
+             {} window stalls",
+            st.frames_sent,
+            st.frames_received,
+            st.retransmits,
+            st.timeouts,
+            st.duplicates,
+            st.window_stalls
+        );
+    }
 }
 
 /// An idle progress call (nothing queued, nothing arriving): how long a
