@@ -307,8 +307,12 @@ impl<L: PacketIo> Driver<L> {
             }
         }
 
-        // Out: what the burst and the timers made due.
-        p.sent += self.transmit(now);
+        // Out: what the burst and the timers made due. On an idle poll
+        // (nothing in, no timer) that is nothing: only a backlog left by a
+        // full link is tried again.
+        if p.received != 0 || due || !self.tx.is_empty() {
+            p.sent += self.transmit(now);
+        }
 
         for (i, core) in self.cores.iter_mut().enumerate() {
             while let Some(mut c) = core.poll_completion() {
