@@ -358,13 +358,13 @@ proptest! {
         let mut book = Book::default();
         let mut ops = ops;
         ops.sort_by_key(|o| o.0);
-        let mut unmatched_to_0 = 0;
+        let mut sends_to_0 = 0;
         for (at, op) in ops {
             if at >= abort_us {
                 break;
             }
             if matches!(op, Op::SendTo0 { .. }) {
-                unmatched_to_0 += 1;
+                sends_to_0 += 1;
             }
             sim.run_until(Time::from_micros(at), |_| false);
             let s = &mut sim;
@@ -382,9 +382,10 @@ proptest! {
         abort_and_check(&mut sim, &mut book);
         // Messages to core 0 that no receive took wait in its unexpected store
         // and hold its credit for their sender (up to 64 KiB): take them, as
-        // an application would, so that the new traffic below has credit.
+        // an application would (a receive per message sent to core 0 from
+        // each sender bounds them), so that the new traffic below has credit.
         for from in 1..=2 {
-            for _ in 0..unmatched_to_0 {
+            for _ in 0..sends_to_0 {
                 let now = sim.now();
                 let ctx = 1 << 50 | book.next;
                 book.next += 1;
