@@ -57,7 +57,7 @@ use crate::proto::{Addr, Completion, Core, CoreConfig, MacAddr, PeerStats, Probe
 
 use super::buffer::{RecvBuf, SendBuf};
 use super::driver::{Clock, Driver, Progress, BURST};
-use super::request::{Buf, Completed, Request, Requests};
+use super::request::{request_of, Buf, Completed, CoreCompletion, Request, Requests};
 use super::Error;
 
 /// How progress is made.
@@ -336,6 +336,9 @@ enum Cmd {
 }
 
 enum Event {
+    /// A request the core finished.
+    Finished(CoreCompletion),
+    /// A request the core refused.
     Done {
         req: Request,
         c: Completed,
@@ -454,36 +457,9 @@ impl Shared {
     }
 }
 
-fn completed(c: Completion<SendBuf, RecvBuf>) -> (Request, Completed) {
-    match c {
-        Completion::Send(s) => (
-            Request(s.ctx),
-            Completed {
-                buf: Buf::Send(s.buf),
-                result: s.result.map(|()| None).map_err(request_error),
-            },
-        ),
-        Completion::Recv(r) => (
-            Request(r.ctx),
-            Completed {
-                buf: Buf::Recv(r.buf),
-                result: r.result.map(Some).map_err(request_error),
-            },
-        ),
-    }
-}
-
 /// How long an inline endpoint being closed keeps driving after its engine
 /// fell idle: well past the delayed-acknowledgement timer (20 us by default).
 const LINGER: Duration = Duration::from_millis(5);
-
-/// A request aborted by a shutdown ends with [`Error::ShutDown`].
-fn request_error(e: crate::proto::RequestError) -> Error {
-    match e {
-        crate::proto::RequestError::Aborted => Error::ShutDown,
-        e => Error::Request(e),
-    }
-}
 
 /// What closing an endpoint found.
 #[derive(Debug, Default)]
@@ -921,11 +897,10 @@ fn file_completion(
     ep: usize,
     c: Completion<SendBuf, RecvBuf>,
 ) {
-    let (req, c) = completed(c);
-    if let Some(slot) = ids[ep].get_mut(req.index()) {
+    if let Some(slot) = ids[ep].get_mut(request_of(&c).index()) {
         *slot = None;
     }
-    backlog[ep].push_back(Event::Done { req, c });
+    backlog[ep].push_back(Event::Finished(c));
 }
 
 enum Mode {
@@ -1132,17 +1107,15 @@ impl Endpoint {
         match &mut self.mode {
             Mode::Inline(d) => {
                 let requests = &mut self.requests;
-                !d.progress(self.clock.now(), &mut |_, c| {
-                    let (req, c) = completed(c);
-                    requests.complete(req, c);
-                })
-                .idle()
+                !d.progress(self.clock.now(), &mut |_, c| requests.finish(c))
+                    .idle()
             }
             Mode::Thread => {
                 let mut any = false;
                 while let Some(e) = self.shared.eps[self.ep].events.pop() {
                     any = true;
                     match e {
+                        Event::Finished(c) => self.requests.finish(c),
                         Event::Done { req, c } => self.requests.complete(req, c),
                         other => self.reply = Some(other),
                     }

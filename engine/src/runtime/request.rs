@@ -2,7 +2,7 @@
 //! index and generation) into a table sized once at start, so submitting and
 //! completing allocate nothing and a stale handle is detected, not misread.
 
-use crate::proto::{RecvInfo, RequestId};
+use crate::proto::{Completion, RecvInfo, RequestError, RequestId};
 
 use super::buffer::{RecvBuf, SendBuf};
 use super::Error;
@@ -62,10 +62,51 @@ impl Completed {
     }
 }
 
+/// A completion as the protocol core hands it over.
+pub(crate) type CoreCompletion = Completion<SendBuf, RecvBuf>;
+
 enum State {
     Free,
     Pending,
+    /// Finished in the core: kept as the core handed it and turned into a
+    /// [`Completed`] when taken. (Converting on the way in cost a second
+    /// copy of a differently laid out value on every completion, and its
+    /// reads stalled on the stores just made.)
+    Finished(CoreCompletion),
+    /// Finished otherwise (refused by the core on the polling thread).
     Done(Completed),
+}
+
+/// The caller's context value of a core completion: the request it finishes.
+#[inline]
+pub(crate) fn request_of(c: &CoreCompletion) -> Request {
+    match c {
+        Completion::Send(s) => Request(s.ctx),
+        Completion::Recv(r) => Request(r.ctx),
+    }
+}
+
+/// A core completion as the application sees it.
+#[inline]
+fn completed(c: CoreCompletion) -> Completed {
+    match c {
+        Completion::Send(s) => Completed {
+            buf: Buf::Send(s.buf),
+            result: s.result.map(|()| None).map_err(request_error),
+        },
+        Completion::Recv(r) => Completed {
+            buf: Buf::Recv(r.buf),
+            result: r.result.map(Some).map_err(request_error),
+        },
+    }
+}
+
+/// A request aborted by a shutdown ends with [`Error::ShutDown`].
+fn request_error(e: RequestError) -> Error {
+    match e {
+        RequestError::Aborted => Error::ShutDown,
+        e => Error::Request(e),
+    }
 }
 
 struct Slot {
@@ -130,10 +171,18 @@ impl Requests {
             .and_then(|s| s.core)
     }
 
-    /// Records a completion for the request `r` (as carried in the core's ctx).
+    /// Records a completion for the request `r` (one the core did not take).
     pub(crate) fn complete(&mut self, r: Request, c: Completed) {
         if let Some(s) = self.slot_mut(r) {
             s.state = State::Done(c);
+        }
+    }
+
+    /// Records a completion from the core, for the request its ctx names.
+    #[inline]
+    pub(crate) fn finish(&mut self, c: CoreCompletion) {
+        if let Some(s) = self.slot_mut(request_of(&c)) {
+            s.state = State::Finished(c);
         }
     }
 
@@ -142,7 +191,7 @@ impl Requests {
             Some(s) if s.gen == r.gen() => match s.state {
                 State::Free => Err(Error::UnknownRequest),
                 State::Pending => Ok(false),
-                State::Done(_) => Ok(true),
+                State::Finished(_) | State::Done(_) => Ok(true),
             },
             _ => Err(Error::UnknownRequest),
         }
@@ -154,8 +203,10 @@ impl Requests {
             return Ok(None);
         }
         let s = &mut self.slots[r.index()];
-        let State::Done(c) = std::mem::replace(&mut s.state, State::Free) else {
-            unreachable!("checked done")
+        let c = match std::mem::replace(&mut s.state, State::Free) {
+            State::Finished(c) => completed(c),
+            State::Done(c) => c,
+            State::Free | State::Pending => unreachable!("checked done"),
         };
         s.gen = s.gen.wrapping_add(1).max(1);
         self.free.push(r.index() as u32);
