@@ -203,14 +203,17 @@ impl Requests {
             return Ok(None);
         }
         let s = &mut self.slots[r.index()];
-        let c = match std::mem::replace(&mut s.state, State::Free) {
+        s.gen = s.gen.wrapping_add(1).max(1);
+        let state = std::mem::replace(&mut s.state, State::Free);
+        self.free.push(r.index() as u32);
+        // Converted last, straight into the value returned: built in a
+        // temporary and then copied whole, its copy stalled on the stores
+        // that had just built it.
+        Ok(Some(match state {
             State::Finished(c) => completed(c),
             State::Done(c) => c,
             State::Free | State::Pending => unreachable!("checked done"),
-        };
-        s.gen = s.gen.wrapping_add(1).max(1);
-        self.free.push(r.index() as u32);
-        Ok(Some(c))
+        }))
     }
 
     /// Every request still pending.
