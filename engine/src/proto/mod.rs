@@ -213,13 +213,23 @@ pub struct RequestId(pub u64);
 
 impl RequestId {
     const RECV_BIT: u64 = 1 << 63;
+    /// The bits of a slot's generation that a handle carries: slots count
+    /// their generations modulo this (see [`next_gen`](Self::next_gen)), so
+    /// that a handle matches its slot for the slot's whole life, not only for
+    /// its first 2^31 uses.
+    pub(crate) const GEN_MASK: u32 = 0x7fff_ffff;
+    /// The generation that follows `gen` in a slot.
+    #[inline]
+    pub(crate) fn next_gen(gen: u32) -> u32 {
+        gen.wrapping_add(1) & Self::GEN_MASK
+    }
     #[inline]
     pub(crate) fn send(idx: u32, gen: u32) -> Self {
-        RequestId(((gen as u64 & 0x7fff_ffff) << 32) | idx as u64)
+        RequestId((u64::from(gen & Self::GEN_MASK) << 32) | idx as u64)
     }
     #[inline]
     pub(crate) fn recv(idx: u32, gen: u32) -> Self {
-        RequestId(Self::RECV_BIT | ((gen as u64 & 0x7fff_ffff) << 32) | idx as u64)
+        RequestId(Self::RECV_BIT | (u64::from(gen & Self::GEN_MASK) << 32) | idx as u64)
     }
     /// Whether this is a receive request.
     #[inline]
@@ -232,7 +242,7 @@ impl RequestId {
     }
     #[inline]
     pub(crate) fn gen(self) -> u32 {
-        ((self.0 >> 32) & 0x7fff_ffff) as u32
+        ((self.0 >> 32) as u32) & Self::GEN_MASK
     }
 }
 
