@@ -107,6 +107,60 @@ fn polling_thread_exchange() {
     exchange(thread_mode());
 }
 
+/// Inline: a send with nothing in flight before it leaves in `isend`, so a
+/// sender that computes before its next progress call does not hold it back;
+/// one that finds another in flight waits for that call.
+#[test]
+fn inline_lone_send_leaves_in_isend() {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut ea = Engine::start(&cfg(1, (2, mb), ProgressMode::Inline), ia).unwrap();
+    let mut eb = Engine::start(&cfg(2, (1, ma), ProgressMode::Inline), ib).unwrap();
+    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    let (to_b, from_a) = (Addr::new(2, 0), Some(Addr::new(1, 0)));
+    // A first message, driven on both sides, opens the session.
+    let r = b.irecv(from_a, 0, !0, vec![0u8; 8]).unwrap();
+    let s = a.isend(to_b, 0, data(0, 8)).unwrap();
+    while b.test(r).unwrap().is_none() {
+        a.progress();
+    }
+    while a.test(s).unwrap().is_none() {
+        b.progress();
+    }
+    // a is not driven from here on until the end.
+    let r1 = b.irecv(from_a, 1, !0, vec![0u8; 100]).unwrap();
+    let r2 = b.irecv(from_a, 2, !0, vec![0u8; 100]).unwrap();
+    let s1 = a.isend(to_b, 1, data(1, 100)).unwrap();
+    // (r1's acknowledgement reaches a's link, but a does not read it.)
+    let s2 = a.isend(to_b, 2, data(2, 100)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let c1 = loop {
+        if let Some(c) = b.test(r1).unwrap() {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lone send did not leave in isend"
+        );
+    };
+    assert_eq!(c1.into_recv().unwrap().0.as_ref(), data(1, 100).as_slice());
+    // The second found the first in flight: it waits for a's progress.
+    let until = Instant::now() + Duration::from_millis(20);
+    while Instant::now() < until {
+        assert!(
+            b.test(r2).unwrap().is_none(),
+            "a queued send left without progress"
+        );
+    }
+    a.wait(s1).unwrap();
+    let c2 = b.wait(r2).unwrap();
+    assert_eq!(c2.into_recv().unwrap().0.as_ref(), data(2, 100).as_slice());
+    while a.test(s2).unwrap().is_none() {
+        b.progress();
+    }
+    drop((a, b, ea, eb));
+}
+
 #[test]
 fn probe_cancel_and_stale_handles() {
     for mode in [ProgressMode::Inline, thread_mode()] {

@@ -740,6 +740,28 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         Ok(RequestId::send(i, gen))
     }
 
+    /// Whether the send `id` is all this core has for its peer: no frame in
+    /// flight to it, nothing queued ahead of the send, and no control frame
+    /// waiting. A runtime that drives the core from the application's thread
+    /// sends such a message at once, in the call that started it (the way an
+    /// MPI eager send leaves in `MPI_Isend`), instead of at the next progress
+    /// call; messages that find others in flight wait for that call, where
+    /// they leave together (packed, when small). False for a stale or
+    /// receive id.
+    #[must_use]
+    #[inline]
+    pub fn send_goes_alone(&self, id: RequestId) -> bool {
+        let i = id.index();
+        let Some(s) = self.sends.get(i) else {
+            return false;
+        };
+        if id.is_recv() || s.gen != id.gen() || s.buf.is_none() {
+            return false;
+        }
+        let peer = &self.peers[s.peer as usize];
+        peer.cursor == i as u32 && peer.inflight.is_empty() && peer.ctrl.is_empty()
+    }
+
     /// Posts a receive for a message from `src` (any peer when `None`) whose match bits
     /// equal `match_bits` where `mask` has ones. If an unexpected message matches, it is
     /// taken at once (the oldest first); otherwise the receive waits, behind the

@@ -233,6 +233,15 @@ impl<L: PacketIo> Driver<L> {
         self.tx.len()
     }
 
+    /// Hands the link what the cores have ready at `now`, without polling
+    /// it or running timers; returns how many frames it took. An inline
+    /// runtime calls it for a send that goes alone (see
+    /// [`Core::send_goes_alone`](crate::proto::Core::send_goes_alone)), so
+    /// that the message leaves in the call that started it.
+    pub fn flush(&mut self, now: Time) -> usize {
+        self.transmit(now)
+    }
+
     /// One round of work at time `now`; completions go to `on_completion`.
     #[inline]
     pub fn progress(

@@ -271,6 +271,7 @@ trait Drive: Send {
         sink: &mut dyn FnMut(usize, Completion<SendBuf, RecvBuf>),
     ) -> Progress;
     fn core(&mut self, i: usize) -> &mut Core<SendBuf, RecvBuf>;
+    fn flush(&mut self, now: crate::proto::Time);
     fn io_stats(&self) -> IoStats;
     fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, crate::io::IoError>;
 }
@@ -289,6 +290,9 @@ where
     fn core(&mut self, i: usize) -> &mut Core<SendBuf, RecvBuf> {
         self.core_at(i)
             .expect("endpoint index within the driver's cores")
+    }
+    fn flush(&mut self, now: crate::proto::Time) {
+        Driver::flush(self, now);
     }
     fn io_stats(&self) -> IoStats {
         Driver::io_stats(self)
@@ -965,6 +969,11 @@ impl Endpoint {
     /// than [`COPY_BELOW`](crate::io::COPY_BELOW), where a copy is cheaper);
     /// ordinary ones are copied into frames. The buffer comes back at completion, which happens
     /// once the receiver acknowledged every byte.
+    ///
+    /// Inline, a message with nothing in flight to its peer and nothing
+    /// queued ahead of it leaves in this call; one that finds others in
+    /// flight waits for the next progress call (`test`, `wait`, `progress`),
+    /// where the messages queued by then leave together, small ones packed.
     pub fn isend(
         &mut self,
         dst: Addr,
@@ -1081,7 +1090,19 @@ impl Endpoint {
             });
         };
         let taken = match &mut self.mode {
-            Mode::Inline(d) => to_core(d.core(0), self.clock.now(), buf, req.0).map(Some),
+            Mode::Inline(d) => {
+                let now = self.clock.now();
+                to_core(d.core(0), now, buf, req.0).map(|id| {
+                    // A message with nothing ahead of it and nothing in
+                    // flight leaves now, not at the next progress call:
+                    // computing after `isend` does not hold it back. Others
+                    // wait for that call and leave together (packed).
+                    if !id.is_recv() && d.core(0).send_goes_alone(id) {
+                        d.flush(now);
+                    }
+                    Some(id)
+                })
+            }
             Mode::Thread => self
                 .push_cmd(to_cmd(req, buf))
                 .map(|()| None)
