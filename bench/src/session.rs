@@ -1115,11 +1115,14 @@ impl Echo {
                     // raw's echo polls the link once per turn): a ping that
                     // arrives in it is echoed at once, not after another poll.
                     if let Some((b, _)) = s.recv_done()? {
-                        s.post(gen);
                         s.send_buf(gen, b);
                         // The previous echo, acknowledged by this ping. Its test
                         // polls (the new echo is not done), which sends the echo.
                         s.sends_done()?;
+                        // The next receive is posted while the echo is on its
+                        // way (the next ping cannot come before it arrives),
+                        // as an MPI ping-pong posts its receive after the send.
+                        s.post(gen);
                     }
                 }
                 Cmd::RawSink { back } => {
