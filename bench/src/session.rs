@@ -704,7 +704,10 @@ impl Session {
     /// One emx round trip: post the reply's receive, send, wait for both.
     fn emx_ping(&mut self, ep: usize, tag: u64) -> Result<bool, String> {
         let s = self.chans.side(ep);
-        if !s.post(tag) || !s.send(tag) {
+        // isend, irecv, wait for both: a lone inline send leaves in isend,
+        // and the receive for its echo is posted while it travels (the echo
+        // cannot be taken before the next progress call, so it finds it).
+        if !s.send(tag) || !s.post(tag) {
             return Err("emx refused a request".into());
         }
         let (r, x) = (s.posted[0], s.sends[0]);
