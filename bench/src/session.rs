@@ -701,7 +701,7 @@ impl Session {
         Ok(true)
     }
 
-    /// One emx round trip: post the reply's receive, send, wait for both.
+    /// One emx round trip: send, post the reply's receive, wait for both.
     fn emx_ping(&mut self, ep: usize, tag: u64) -> Result<bool, String> {
         let s = self.chans.side(ep);
         // isend, irecv, wait for both: a lone inline send leaves in isend,

@@ -2012,9 +2012,11 @@ mod tests {
 
     /// A request slot used more than 2^31 times still answers to its
     /// handles: handles carry 31 bits of the slot's generation, so the slot
-    /// must count modulo 2^31 too (a daemon answering a million pings a
-    /// second from one slot got there in about 36 minutes, and the next
-    /// frame of a send by reference found no buffer behind its handle).
+    /// must count modulo 2^31 too. They counted all 32 bits: a ping-pong at
+    /// a million round trips a second, which reuses one slot, would have
+    /// got there in about 36 minutes, after which the frames of a send by
+    /// reference find no buffer behind its handle and cancel refuses live
+    /// receives.
     #[test]
     fn slot_generations_wrap_with_their_handles() {
         let mut sim: Sim<Vec<u8>, Vec<u8>> = Sim::new(LinkConfig::default());
