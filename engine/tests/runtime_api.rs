@@ -131,7 +131,7 @@ fn inline_lone_send_leaves_in_isend() {
     let r1 = b.irecv(from_a, 1, !0, vec![0u8; 100]).unwrap();
     let r2 = b.irecv(from_a, 2, !0, vec![0u8; 100]).unwrap();
     let s1 = a.isend(to_b, 1, data(1, 100)).unwrap();
-    // (r1's acknowledgement reaches a's link, but a does not read it.)
+    // (s1 is in flight: a reads no acknowledgement until it is driven.)
     let s2 = a.isend(to_b, 2, data(2, 100)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     let c1 = loop {
