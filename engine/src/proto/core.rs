@@ -751,15 +751,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     #[must_use]
     #[inline]
     pub fn send_goes_alone(&self, id: RequestId) -> bool {
-        let i = id.index();
-        let Some(s) = self.sends.get(i) else {
+        let Some(s) = self.live_send(id) else {
             return false;
         };
-        if id.is_recv() || s.gen != id.gen() || s.buf.is_none() {
-            return false;
-        }
         let peer = &self.peers[s.peer as usize];
-        peer.cursor == i as u32 && peer.inflight.is_empty() && peer.ctrl.is_empty()
+        peer.cursor == id.index() as u32 && peer.inflight.is_empty() && peer.ctrl.is_empty()
     }
 
     /// Posts a receive for a message from `src` (any peer when `None`) whose match bits
@@ -1024,14 +1020,19 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
 
     /// The buffer of an outstanding send, to resolve a [`PayloadRef`].
     pub fn send_buffer(&self, req: RequestId) -> Option<&S> {
-        if req.is_recv() {
+        self.live_send(req)?.buf.as_ref()
+    }
+
+    /// The slot of the outstanding send `id`: `None` for a receive id, a stale
+    /// one, or a slot without its buffer.
+    #[inline]
+    fn live_send(&self, id: RequestId) -> Option<&SendSlot<S>> {
+        if id.is_recv() {
             return None;
         }
-        let s = self.sends.get(req.index())?;
-        if s.gen != req.gen() {
-            return None;
-        }
-        s.buf.as_ref()
+        self.sends
+            .get(id.index())
+            .filter(|s| s.gen == id.gen() && s.buf.is_some())
     }
 
     /// Payloads shorter than `n` bytes are copied into the buffer given to
