@@ -3,8 +3,10 @@
 //! two network namespaces.
 //!
 //! These are the numbers an application would get from the kernel's own stack
-//! on the same link that DPDK's `net_af_packet` ports use, so emx can be
-//! compared with what it replaces. Every function joins its threads and closes
+//! on the same kind of link that DPDK's `net_af_packet` and `net_af_xdp` ports
+//! use, so emx can be compared with what it replaces. The benchmark gives them
+//! a veth pair with no DPDK port on it: a packet socket on the pair would copy
+//! every datagram into its ring on the baseline's clock. Every function joins its threads and closes
 //! its sockets before it returns, on success and on error; reads time out
 //! (2 s) so that nothing hangs on a lost datagram or a dead peer.
 

@@ -7,8 +7,10 @@
 //! - `memif-pair`: two `net_memif` ports in this process, three queue pairs.
 //! - `veth`: three veth pairs, each between two network namespaces this
 //!   program makes (and removes, also when interrupted), with a
-//!   `net_af_packet` port on each end. The calling thread enters a namespace
-//!   just while it opens the port there: the port's socket stays in it.
+//!   `net_af_packet` (or `net_af_xdp`) port on each end, and a fourth pair
+//!   with no port, for the kernel baselines. The calling thread enters a
+//!   namespace just while it opens the port there: the port's socket stays
+//!   in it.
 //! - `devargs`: any port DPDK can probe (a NIC by PCI address, or a virtual
 //!   device's devargs), with one queue pair. A NIC spreads frames over its
 //!   queues by their IP headers, and emx frames have none: every frame comes
@@ -70,6 +72,8 @@ pub const RAW: usize = 0;
 pub const EMX_INLINE: usize = 1;
 /// The channel of emx with a polling thread.
 pub const EMX_THREAD: usize = 2;
+/// The veth pair of the kernel baselines (after the channels' pairs).
+pub const KERNEL: usize = 3;
 
 /// An open link.
 pub struct Link {
@@ -77,7 +81,8 @@ pub struct Link {
     pub name: String,
     /// The channels, indexed by [`RAW`], [`EMX_INLINE`], [`EMX_THREAD`].
     pub channels: Vec<Channel>,
-    /// The namespaces of a veth link (removed when dropped, after the ports).
+    /// The namespaces of a veth link (removed when dropped, after the
+    /// ports): one pair per channel, then the kernel baselines' ([`KERNEL`]).
     pub veth: Vec<VethPair>,
     /// The frame payload limit.
     pub mtu: u16,
@@ -348,6 +353,11 @@ fn veth(eal: &Eal, pool: &Mempool, mtu: u16, pmd: VethPmd) -> Result<Link, Strin
         channels.push(Channel { a, b });
         pairs.push(pair);
     }
+    // The kernel baselines get a pair no DPDK port is on. On a channel's
+    // pair, an af_packet port's socket would take a copy of every datagram
+    // (the kernel's work, on the baseline's clock), and an AF_XDP port
+    // takes the frames from the kernel altogether.
+    pairs.push(VethPair::create(mtu)?);
     Ok(Link {
         name: match pmd {
             VethPmd::AfPacket => "veth pairs between namespaces, net_af_packet".into(),

@@ -217,18 +217,9 @@ fn run(args: &Args) -> Result<(), String> {
     let mut transports = args.transports.clone();
     if transports.is_empty() {
         transports = vec![Transport::Raw, Transport::Emx, Transport::EmxThread];
-        if args.link == LinkKind::Veth && args.pmd == link::VethPmd::AfPacket {
+        if args.link == LinkKind::Veth {
             transports.extend([Transport::Udp, Transport::Tcp]);
         }
-    }
-    if args.pmd == link::VethPmd::AfXdp
-        && transports
-            .iter()
-            .any(|t| matches!(t, Transport::Udp | Transport::Tcp))
-    {
-        return Err(
-            "AF_XDP takes every frame of the interface from the kernel, so kernel sockets cannot share it: use --pmd af-packet for the udp and tcp baselines".into(),
-        );
     }
     if args.link != LinkKind::Veth {
         if let Some(t) = transports

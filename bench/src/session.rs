@@ -499,9 +499,9 @@ impl Session {
         self.chans.open(c)
     }
 
-    /// The veth pair of the raw channel, for kernel baselines.
+    /// The veth pair of the kernel baselines (one no DPDK port is on).
     pub fn veth(&self) -> Option<&crate::netns::VethPair> {
-        self.link.veth.first()
+        self.link.veth.get(crate::link::KERNEL)
     }
 
     /// The pinger's and the echo's cores.
