@@ -1,3 +1,8 @@
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "emx_shim.h"
 
 int rte_errno_(void) { return rte_errno; }
@@ -104,6 +109,43 @@ static void flush_one(struct rte_mempool *mp, void *arg)
 void emx_flush_mempool_caches(void)
 {
 	rte_mempool_walk(flush_one, NULL);
+}
+
+/*
+ * libbpf and libxdp both number their levels WARN = 0, INFO = 1, DEBUG = 2.
+ * Without a bpffs, libxdp also warns, on every attach and detach, that it
+ * cannot use its multi-program dispatcher, and then loads the driver's program
+ * alone, which is all a port needs: those warnings go too.
+ */
+static int emx_bpf_warnings_only(int level, const char *fmt, va_list ap)
+{
+	if (level > 0 || strstr(fmt, "bpffs") != NULL ||
+	    strstr(fmt, "dispatcher") != NULL)
+		return 0;
+	return vfprintf(stderr, fmt, ap);
+}
+
+typedef int (*emx_print_fn)(int level, const char *fmt, va_list ap);
+typedef emx_print_fn (*emx_set_print_fn)(emx_print_fn fn);
+
+/* Installs the filter with `setter` of `lib`, if the process has it loaded. */
+static void emx_filter_prints(const char *lib, const char *setter)
+{
+	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+	emx_set_print_fn set;
+
+	if (h == NULL)
+		return;
+	*(void **)&set = dlsym(h, setter);
+	if (set != NULL)
+		set(emx_bpf_warnings_only);
+	dlclose(h);
+}
+
+void emx_quiet_bpf_logs(void)
+{
+	emx_filter_prints("libbpf.so.1", "libbpf_set_print");
+	emx_filter_prints("libxdp.so.1", "libxdp_set_print");
 }
 
 uint64_t rte_rdtsc_(void) { return rte_rdtsc(); }

@@ -242,6 +242,9 @@ impl Eal {
             };
             return Err(Error::EalInit { errno, hint });
         }
+        // SAFETY: takes no arguments and only swaps the print callbacks of
+        // libraries the EAL's drivers loaded; nothing else runs in them yet.
+        unsafe { sys::emx_quiet_bpf_logs() };
         Ok(Eal(Arc::new(EalInner { hugepages, args })))
     }
 

@@ -143,7 +143,9 @@ impl Drop for PoolInner {
         } else {
             LEAKED_POOLS.fetch_add(1, Ordering::AcqRel);
             eprintln!(
-                "dpdk-ffi: mempool `{}` dropped with {in_use} mbufs still out; leaking it",
+                "dpdk-ffi: mempool `{}` dropped with {in_use} mbufs still out (frames not freed, or \
+                 kept by a closed port's driver: AF_XDP keeps its fill ring's); leaking it, not \
+                 freeing memory that may be in use",
                 self.name
             );
         }
