@@ -119,7 +119,9 @@ pub struct Driver<L: PacketIo> {
     io: L,
     rx: Vec<L::Frame>,
     tx: Vec<L::Frame>,
-    /// An allocated frame the cores had nothing to put in, kept for next time.
+    /// A frame ready to build in (allocated, `room` bytes put): one the cores
+    /// had nothing for, or one an idle poll prepared, so that the next
+    /// message's way out skips the allocation.
     spare: Option<L::Frame>,
     /// For frames that arrive in several segments (jumbo frames on small mbufs).
     linear: Vec<u8>,
@@ -321,6 +323,9 @@ impl<L: PacketIo> Driver<L> {
         // full link is tried again.
         if p.received != 0 || due || !self.tx.is_empty() {
             p.sent += self.transmit(now);
+        } else if p.sent == 0 && self.spare.is_none() {
+            // Idle: get the next frame ready while nothing waits for it.
+            self.spare = self.ready_frame().ok();
         }
 
         for (i, core) in self.cores.iter_mut().enumerate() {
@@ -348,26 +353,23 @@ impl<L: PacketIo> Driver<L> {
             while self.tx.len() < TX_BACKLOG && self.cores[i].may_transmit() {
                 let mut f = match self.spare.take() {
                     Some(f) => f,
-                    None => match self.io.alloc() {
+                    None => match self.ready_frame() {
                         Ok(f) => f,
-                        Err(_) => break 'cores,
+                        Err(NotReady::NoBuffer) => break 'cores,
+                        Err(NotReady::NoRoom) => {
+                            self.build_failures += 1;
+                            break 'cores;
+                        }
                     },
                 };
-                let mut put = self.io.put(&mut f, self.room).is_ok();
-                if !put && self.room > FRAME_HEADER_LEN {
-                    // This link's buffers hold less than a frame (jumbo frames
-                    // in segments): headers only from now on, nothing packed.
-                    self.room = FRAME_HEADER_LEN;
-                    put = self.io.put(&mut f, FRAME_HEADER_LEN).is_ok();
-                }
-                // (a new or spare frame holds just what was put)
-                let Some(hdr) = put.then(|| f.bytes_mut()).flatten() else {
+                // (a ready frame holds just what was put)
+                let Some(hdr) = f.bytes_mut() else {
                     self.build_failures += 1;
                     break 'cores;
                 };
                 let core = &mut self.cores[i];
                 let Some(t) = core.poll_transmit(now, hdr) else {
-                    self.io.truncate(&mut f, 0);
+                    // Kept as it is, ready for the next frame.
                     self.spare = Some(f);
                     break;
                 };
@@ -394,6 +396,33 @@ impl<L: PacketIo> Driver<L> {
             0
         } else {
             self.io.send(&mut self.tx)
+        }
+    }
+}
+
+/// Why no frame could be made ready.
+enum NotReady {
+    /// The link has no buffer free.
+    NoBuffer,
+    /// A buffer does not hold even a header.
+    NoRoom,
+}
+
+impl<L: PacketIo> Driver<L> {
+    /// A new frame with `room` bytes put, to build a frame in.
+    fn ready_frame(&mut self) -> Result<L::Frame, NotReady> {
+        let mut f = self.io.alloc().map_err(|_| NotReady::NoBuffer)?;
+        let mut put = self.io.put(&mut f, self.room).is_ok();
+        if !put && self.room > FRAME_HEADER_LEN {
+            // This link's buffers hold less than a frame (jumbo frames in
+            // segments): headers only from now on, nothing packed.
+            self.room = FRAME_HEADER_LEN;
+            put = self.io.put(&mut f, FRAME_HEADER_LEN).is_ok();
+        }
+        if put {
+            Ok(f)
+        } else {
+            Err(NotReady::NoRoom)
         }
     }
 }
