@@ -1151,8 +1151,11 @@ impl Endpoint {
     pub fn test(&mut self, req: Request) -> Result<Option<Completed>, Error> {
         if !self.requests.is_done(req)? {
             self.progress();
+            if !self.requests.is_done(req)? {
+                return Ok(None);
+            }
         }
-        self.requests.take(req)
+        Ok(Some(self.requests.take_done(req)))
     }
 
     /// Waits for the request to finish (spinning on progress, then parking
@@ -1167,7 +1170,7 @@ impl Endpoint {
         loop {
             for (i, r) in reqs.iter().enumerate() {
                 if self.requests.is_done(*r)? {
-                    return Ok((i, self.requests.take(*r)?.expect("done")));
+                    return Ok((i, self.requests.take_done(*r)));
                 }
             }
             if self.progress() {

@@ -158,10 +158,10 @@ impl Requests {
             .filter(|s| s.gen == r.gen() && !matches!(s.state, State::Free))
     }
 
+    /// Records the core's id of `r`, which [`alloc`](Self::alloc) just gave.
     pub(crate) fn set_core(&mut self, r: Request, id: RequestId) {
-        if let Some(s) = self.slot_mut(r) {
-            s.core = Some(id);
-        }
+        debug_assert!(self.slots[r.index()].gen == r.gen(), "a live request");
+        self.slots[r.index()].core = Some(id);
     }
 
     pub(crate) fn core_id(&self, r: Request) -> Option<RequestId> {
@@ -202,18 +202,25 @@ impl Requests {
         if !self.is_done(r)? {
             return Ok(None);
         }
+        Ok(Some(self.take_done(r)))
+    }
+
+    /// Takes the completion out (freeing the slot) of a request that
+    /// [`is_done`](Self::is_done) just called done.
+    pub(crate) fn take_done(&mut self, r: Request) -> Completed {
         let s = &mut self.slots[r.index()];
+        debug_assert!(s.gen == r.gen(), "a live request");
         s.gen = s.gen.wrapping_add(1).max(1);
         let state = std::mem::replace(&mut s.state, State::Free);
         self.free.push(r.index() as u32);
         // Converted last, straight into the value returned: built in a
         // temporary and then copied whole, its copy stalled on the stores
         // that had just built it.
-        Ok(Some(match state {
+        match state {
             State::Finished(c) => completed(c),
             State::Done(c) => c,
             State::Free | State::Pending => unreachable!("checked done"),
-        }))
+        }
     }
 
     /// Every request still pending.
