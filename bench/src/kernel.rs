@@ -6,9 +6,10 @@
 //! on the same kind of link that DPDK's `net_af_packet` and `net_af_xdp` ports
 //! use, so emx can be compared with what it replaces. The benchmark gives them
 //! a veth pair with no DPDK port on it: a packet socket on the pair would copy
-//! every datagram into its ring on the baseline's clock. Every function joins its threads and closes
-//! its sockets before it returns, on success and on error; reads time out
-//! (2 s) so that nothing hangs on a lost datagram or a dead peer.
+//! every datagram into its ring on the baseline's clock. Every function joins
+//! its threads and closes its sockets before it returns, on success and on
+//! error; reads time out (2 s) so that nothing hangs on a lost datagram or a
+//! dead peer.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};

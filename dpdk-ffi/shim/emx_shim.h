@@ -61,9 +61,8 @@ void emx_flush_mempool_caches(void);
  * libbpf and libxdp, which the AF_XDP driver loads, print informational
  * messages of their own on stderr (some fifty lines for a few AF_XDP ports
  * where no bpffs is mounted). Keep their warnings, less those about libxdp's
- * dispatcher and bpffs, and drop the rest. Call
- * after rte_eal_init (which loads the drivers); where neither library is
- * loaded it does nothing.
+ * dispatcher and bpffs, and drop the rest. Call after rte_eal_init (which
+ * loads the drivers); where neither library is loaded it does nothing.
  */
 void emx_quiet_bpf_logs(void);
 
