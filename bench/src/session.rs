@@ -1118,9 +1118,11 @@ impl Echo {
                     // raw's echo polls the link once per turn): a ping that
                     // arrives in it is echoed at once, not after another poll.
                     if let Some((b, _)) = s.recv_done()? {
+                        // A lone inline send: the echo leaves in this call.
                         s.send_buf(gen, b);
-                        // The previous echo, acknowledged by this ping. Its test
-                        // polls (the new echo is not done), which sends the echo.
+                        // The previous echo, acknowledged by this ping, comes
+                        // back; the new one's test polls (it is not done), which
+                        // sends it where it could not leave alone.
                         s.sends_done()?;
                         // The next receive is posted while the echo is on its
                         // way (the next ping cannot come before it arrives),
