@@ -83,7 +83,10 @@ fn report(link: &str, results: &[f64]) {
 /// Streams `n` messages of `size` bytes from registered memory, `window`
 /// in flight, from `a` into registered receive buffers at `b`: the CPU cost
 /// of both sides of a bandwidth (`stream`: 1 MiB, 4 in flight) or message
-/// rate (`rate`: 8 B, 64 in flight) test on one core.
+/// rate (`rate`: 8 B, 64 in flight) test on one core. (Never inlined, so
+/// that `valgrind --tool=callgrind --toggle-collect=runtime_cost::stream`
+/// counts it alone.)
+#[inline(never)]
 fn stream(
     a: &mut Endpoint,
     b: &mut Endpoint,
@@ -165,6 +168,7 @@ fn report_idle(a: &mut Endpoint, n: u32) {
 
 /// Five runs of `n` round trips from `a` to `b` and back; sorted
 /// nanoseconds per round trip.
+#[inline(never)]
 fn measure(a: &mut Endpoint, b: &mut Endpoint, n: u32) -> Vec<f64> {
     let (to_b, to_a) = (Addr::new(2, 0), Addr::new(1, 0));
     let mut results = Vec::new();

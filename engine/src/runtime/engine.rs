@@ -270,6 +270,10 @@ trait Drive: Send {
         now: crate::proto::Time,
         sink: &mut dyn FnMut(usize, Completion<SendBuf, RecvBuf>),
     ) -> Progress;
+    /// [`progress`](Drive::progress) for an inline endpoint: its completions
+    /// go straight into its request table, with no call through a closure
+    /// object per completion.
+    fn progress_inline(&mut self, now: crate::proto::Time, requests: &mut Requests) -> Progress;
     fn core(&mut self, i: usize) -> &mut Core<SendBuf, RecvBuf>;
     fn flush(&mut self, now: crate::proto::Time);
     fn io_stats(&self) -> IoStats;
@@ -286,6 +290,9 @@ where
         sink: &mut dyn FnMut(usize, Completion<SendBuf, RecvBuf>),
     ) -> Progress {
         Driver::progress_all(self, now, sink)
+    }
+    fn progress_inline(&mut self, now: crate::proto::Time, requests: &mut Requests) -> Progress {
+        Driver::progress_all(self, now, |_, c| requests.finish(c))
     }
     fn core(&mut self, i: usize) -> &mut Core<SendBuf, RecvBuf> {
         self.core_at(i)
@@ -1126,11 +1133,9 @@ impl Endpoint {
     /// finished; returns whether anything happened.
     pub fn progress(&mut self) -> bool {
         match &mut self.mode {
-            Mode::Inline(d) => {
-                let requests = &mut self.requests;
-                !d.progress(self.clock.now(), &mut |_, c| requests.finish(c))
-                    .idle()
-            }
+            Mode::Inline(d) => !d
+                .progress_inline(self.clock.now(), &mut self.requests)
+                .idle(),
             Mode::Thread => {
                 let mut any = false;
                 while let Some(e) = self.shared.eps[self.ep].events.pop() {

@@ -138,7 +138,11 @@ impl Requests {
     pub(crate) fn alloc(&mut self) -> Option<Request> {
         let i = self.free.pop()?;
         let s = &mut self.slots[i as usize];
-        s.state = State::Pending;
+        let old = std::mem::replace(&mut s.state, State::Pending);
+        // A free slot holds nothing: forgetting it spares the call to the
+        // drop glue of `State` on every request.
+        debug_assert!(matches!(old, State::Free), "a free slot");
+        std::mem::forget(old);
         s.core = None;
         Some(Request::new(i, s.gen))
     }
@@ -181,8 +185,13 @@ impl Requests {
     /// Records a completion from the core, for the request its ctx names.
     #[inline]
     pub(crate) fn finish(&mut self, c: CoreCompletion) {
-        if let Some(s) = self.slot_mut(request_of(&c)) {
-            s.state = State::Finished(c);
+        let r = request_of(&c);
+        if let Some(s) = self.slots.get_mut(r.index()) {
+            // Only a pending request takes it; matching `Pending` first also
+            // spares the assignment a drop of the old state.
+            if s.gen == r.gen() && matches!(s.state, State::Pending) {
+                s.state = State::Finished(c);
+            }
         }
     }
 
