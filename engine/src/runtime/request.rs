@@ -185,11 +185,10 @@ impl Requests {
     /// Records a completion from the core, for the request its ctx names.
     #[inline]
     pub(crate) fn finish(&mut self, c: CoreCompletion) {
-        let r = request_of(&c);
-        if let Some(s) = self.slots.get_mut(r.index()) {
+        if let Some(s) = self.slot_mut(request_of(&c)) {
             // Only a pending request takes it; matching `Pending` first also
             // spares the assignment a drop of the old state.
-            if s.gen == r.gen() && matches!(s.state, State::Pending) {
+            if matches!(s.state, State::Pending) {
                 s.state = State::Finished(c);
             }
         }
