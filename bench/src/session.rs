@@ -85,9 +85,11 @@ pub(crate) enum Cmd {
     Open {
         chan: usize,
     },
-    /// Echo raw messages of `frames` frames.
+    /// Echo raw messages of `size` bytes, `per` bytes to a frame: each
+    /// message back whole, in frames of the lengths it came in.
     RawPong {
-        frames: u32,
+        size: usize,
+        per: usize,
     },
     /// Echo one frame at a time on the bindings.
     FfiPong,
@@ -562,9 +564,9 @@ impl Session {
         ticks as f64 * 1e9 / self.hz
     }
 
-    fn raw_frames(&self, size: usize) -> u32 {
-        let per = usize::from(self.mtu) - 8;
-        size.div_ceil(per).max(1) as u32
+    /// Payload bytes of a raw frame on this link.
+    fn raw_per(&self) -> usize {
+        usize::from(self.mtu) - 8
     }
 
     /// Round trips of `size`-byte messages; nanoseconds in a histogram.
@@ -579,8 +581,9 @@ impl Session {
         self.open(t)?;
         match t {
             Transport::Raw => {
-                let frames = self.raw_frames(size);
-                self.command(Cmd::RawPong { frames })?;
+                let per = self.raw_per();
+                let frames = raw_frames(size, per);
+                self.command(Cmd::RawPong { size, per })?;
                 let mut iter = 0u32;
                 self.measure(pace, &mut hist, |s| {
                     iter = iter.wrapping_add(1);
@@ -664,20 +667,19 @@ impl Session {
 
     /// One raw round trip of `frames` frames; `false` when a frame was lost.
     fn raw_ping(&mut self, iter: u32, size: usize, frames: u32) -> Result<bool, String> {
-        let per = usize::from(self.mtu) - 8;
+        let per = self.raw_per();
         let (rx, tx) = self.chans.raw();
         let mut burst: Burst = Burst::new();
         let mut sent = 0u32;
         while sent < frames {
             while burst.room() > 0 && sent + (burst.len() as u32) < frames {
                 let i = sent + burst.len() as u32;
-                let len = (size - (i as usize * per).min(size)).min(per);
-                let m = raw_frame(&self.pool, &self.raw_hdr, iter, i, len)?;
+                let m = raw_frame(&self.pool, &self.raw_hdr, iter, i, raw_len(size, per, i))?;
                 let _ = burst.push(m);
             }
             sent += tx.tx_burst(&mut burst) as u32;
         }
-        let mut got = 0u32;
+        let (mut got, mut bytes) = (0u32, 0usize);
         let t = Instant::now();
         let mut inb: Burst = Burst::new();
         let mut empty = 0u32;
@@ -695,8 +697,19 @@ impl Session {
             for m in inb.drain() {
                 if frame_iter(&m) == Some(iter) {
                     got += 1;
+                    bytes += m.pkt_len();
                 }
             }
+        }
+        // The floor is a ping-pong only if the echo sent the whole message back.
+        let whole: usize = (0..frames)
+            .map(|i| raw_wire_len(raw_len(size, per, i)))
+            .sum();
+        if bytes != whole {
+            return Err(format!(
+                "the raw echo sent {bytes} bytes of frames back for a {size}-byte message \
+                 ({whole} expected)"
+            ));
         }
         Ok(true)
     }
@@ -787,8 +800,7 @@ impl Session {
         bidir: bool,
         pace: Pace,
     ) -> Result<(Stream, u64, u64), String> {
-        let per = usize::from(self.mtu) - 8;
-        let len = size.clamp(1, per);
+        let len = size.clamp(1, self.raw_per());
         self.command(Cmd::RawSink {
             back: bidir.then_some(len),
         })?;
@@ -970,6 +982,21 @@ fn count_raw(rx: &mut RxQueue, inb: &mut Burst, got: &mut (Stream, u64, u64)) {
     }
 }
 
+/// Frames of a raw message of `size` bytes, `per` bytes to a frame.
+fn raw_frames(size: usize, per: usize) -> u32 {
+    size.div_ceil(per).max(1) as u32
+}
+
+/// Payload bytes of frame `i` of a raw message of `size` bytes, `per` to a frame.
+fn raw_len(size: usize, per: usize, i: u32) -> usize {
+    (size - (i as usize * per).min(size)).min(per)
+}
+
+/// Bytes of a raw frame carrying `len` bytes of payload (at least Ethernet's 60).
+fn raw_wire_len(len: usize) -> usize {
+    (RAW_HDR + len).max(60)
+}
+
 /// A raw frame: header, iteration, index, then `len` bytes.
 fn raw_frame(
     pool: &Mempool,
@@ -979,7 +1006,7 @@ fn raw_frame(
     len: usize,
 ) -> Result<Mbuf, String> {
     let mut m = Mbuf::alloc(pool).map_err(|e| e.to_string())?;
-    let total = (RAW_HDR + len).max(60);
+    let total = raw_wire_len(len);
     let d = m.append(total).map_err(|e| e.to_string())?;
     d[..14].copy_from_slice(hdr);
     d[14..18].copy_from_slice(&iter.to_le_bytes());
@@ -1073,7 +1100,8 @@ impl Echo {
                     let (port, queue) = self.chans.raw_ids();
                     raw::echo_step(port, queue);
                 }
-                Cmd::RawPong { frames } => {
+                Cmd::RawPong { size, per } => {
+                    let frames = raw_frames(size, per);
                     let (rx, tx) = self.chans.raw();
                     if rx.rx_burst(&mut inb) == 0 {
                         continue;
@@ -1096,12 +1124,14 @@ impl Echo {
                         }
                     }
                     if frames > 1 && cur.1 == frames {
-                        let per_len = 60usize.max(RAW_HDR);
+                        // The whole message back, as every other transport's
+                        // echo sends it: a ping-pong moves it both ways.
                         let mut sent = 0;
                         while sent < frames {
                             while out.room() > 0 && sent + (out.len() as u32) < frames {
-                                let m =
-                                    raw_frame(&self.pool, &self.hdr, cur.0, 0, per_len - RAW_HDR)?;
+                                let i = sent + out.len() as u32;
+                                let len = raw_len(size, per, i);
+                                let m = raw_frame(&self.pool, &self.hdr, cur.0, i, len)?;
                                 let _ = out.push(m);
                             }
                             sent += tx.tx_burst(&mut out) as u32;
