@@ -345,6 +345,14 @@ fn run(args: &Args) -> Result<(), String> {
         }
     }
     bar.finish_and_clear();
+    let mut notes = Vec::new();
+    if transports.contains(&Transport::EmxThread) && args.role.is_none() && cpus < 3 {
+        notes.push(format!(
+            "emx-thread ran three busy threads (the pinger, its engine's polling thread and the \
+             echo) on {cpus} CPUs: they took turns at the OS scheduler's pace, so its figures \
+             measure that, not emx. Compare emx-thread on 3 CPUs or more."
+        ));
+    }
     let report = Report {
         link: session.link_name.clone(),
         hugepages: session.hugepages,
@@ -353,6 +361,7 @@ fn run(args: &Args) -> Result<(), String> {
         rounds: args.rounds,
         rows: col.rows(),
         skipped,
+        notes,
     };
     session.finish()?;
     result?;

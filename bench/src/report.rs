@@ -147,6 +147,9 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// Measurements that could not run, and why.
     pub skipped: Vec<String>,
+    /// What a reader of these figures should know (a machine too small for
+    /// a transport to mean anything, for one).
+    pub notes: Vec<String>,
 }
 
 /// One round's measurement.
@@ -424,6 +427,9 @@ impl Report {
             for s in &self.skipped {
                 let _ = writeln!(o, "  {s}");
             }
+        }
+        for n in &self.notes {
+            let _ = writeln!(o, "\nnote: {n}");
         }
         let _ = writeln!(
             o,
