@@ -345,8 +345,10 @@ fn run(args: &Args) -> Result<(), String> {
         }
     }
     bar.finish_and_clear();
+    let rows = col.rows();
     let mut notes = Vec::new();
-    if transports.contains(&Transport::EmxThread) && args.role.is_none() && cpus < 3 {
+    let threaded = rows.iter().any(|r| r.transport == Transport::EmxThread);
+    if threaded && args.role.is_none() && cpus < 3 {
         notes.push(format!(
             "emx-thread ran three busy threads (the pinger, its engine's polling thread and the \
              echo) on {cpus} CPUs: they took turns at the OS scheduler's pace, so its figures \
@@ -359,7 +361,7 @@ fn run(args: &Args) -> Result<(), String> {
         mtu: session.mtu,
         cpus,
         rounds: args.rounds,
-        rows: col.rows(),
+        rows,
         skipped,
         notes,
     };
