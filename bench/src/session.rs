@@ -583,11 +583,15 @@ impl Session {
             Transport::Raw => {
                 let per = self.raw_per();
                 let frames = raw_frames(size, per);
+                // What a whole message's frames come to, for the echo's check.
+                let whole: usize = (0..frames)
+                    .map(|i| raw_wire_len(raw_len(size, per, i)))
+                    .sum();
                 self.command(Cmd::RawPong { size, per })?;
                 let mut iter = 0u32;
                 self.measure(pace, &mut hist, |s| {
                     iter = iter.wrapping_add(1);
-                    s.raw_ping(iter, size, frames)
+                    s.raw_ping(iter, size, frames, whole)
                 })?;
             }
             Transport::Ffi => {
@@ -665,8 +669,15 @@ impl Session {
         Ok(())
     }
 
-    /// One raw round trip of `frames` frames; `false` when a frame was lost.
-    fn raw_ping(&mut self, iter: u32, size: usize, frames: u32) -> Result<bool, String> {
+    /// One raw round trip of `frames` frames, `whole` bytes of them; `false`
+    /// when a frame was lost.
+    fn raw_ping(
+        &mut self,
+        iter: u32,
+        size: usize,
+        frames: u32,
+        whole: usize,
+    ) -> Result<bool, String> {
         let per = self.raw_per();
         let (rx, tx) = self.chans.raw();
         let mut burst: Burst = Burst::new();
@@ -702,9 +713,6 @@ impl Session {
             }
         }
         // The floor is a ping-pong only if the echo sent the whole message back.
-        let whole: usize = (0..frames)
-            .map(|i| raw_wire_len(raw_len(size, per, i)))
-            .sum();
         if bytes != whole {
             return Err(format!(
                 "the raw echo sent {bytes} bytes of frames back for a {size}-byte message \
