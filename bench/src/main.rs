@@ -67,6 +67,11 @@ struct Args {
     /// Server role: where to listen for the client's control connection.
     #[arg(long, default_value = "127.0.0.1:7799")]
     listen: String,
+    /// Server role: serve one client, then exit with its result. Without
+    /// it, the server serves clients one after another until it is stopped
+    /// (Ctrl-C), as iperf3 and netserver do.
+    #[arg(long)]
+    once: bool,
     /// Client role: where the server listens.
     #[arg(long, default_value = "127.0.0.1:7799")]
     server: String,
@@ -261,6 +266,9 @@ fn run(args: &Args) -> Result<(), String> {
 
     // Before the session pins this thread to one core.
     let cpus = core_affinity::get_core_ids().map_or(0, |c| c.len());
+    if args.once && args.role != Some(Role::Server) {
+        return Err("--once goes with --role server".into());
+    }
     if !args.devargs.is_empty() && args.link != LinkKind::Devargs {
         return Err("--devargs goes with --link devargs".into());
     }
@@ -271,7 +279,7 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let mut session = match (args.link, args.role, side) {
         (_, Some(Role::Server), Some(side)) => {
-            return remote::serve(hugepages, args.mtu, &side, &args.listen)
+            return remote::serve(hugepages, args.mtu, &side, &args.listen, args.once)
         }
         (_, Some(Role::Client), Some(side)) => {
             Session::connect(hugepages, args.mtu, &side, &args.server)?

@@ -1,7 +1,9 @@
 //! The benchmark between two processes: `--role server` runs the echo side
 //! of a link (memif, or a port from devargs such as a NIC) and takes its
 //! orders over a TCP control connection from the `--role client` process,
-//! which runs the pinger and prints the tables.
+//! which runs the pinger and prints the tables. The server keeps its port and
+//! serves clients one after another, each with an echo thread of its own,
+//! until it is stopped (or only the first with `--once`).
 //!
 //! The control protocol is one JSON object per line, request then answer:
 //! `Hello` (each side's MACs, the MTU and whether the channels share one
@@ -13,7 +15,7 @@ use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use dpdk_ffi::HugepageMode;
+use dpdk_ffi::{Eal, HugepageMode, Mempool};
 use serde::{Deserialize, Serialize};
 
 use crate::link::{End, Link, SideSpec};
@@ -162,21 +164,60 @@ impl Client {
     }
 }
 
-/// Runs the server side: its port (`side`), the echo thread, and the control
-/// connection on `listen`, for one client. Returns when the client says
-/// goodbye or goes away.
+/// Runs the server side: its port (`side`) and the control connection on
+/// `listen`, serving clients one after another (each with an echo thread of
+/// its own on the same port) until the process is stopped, or only the first
+/// one when `once`. A client that fails, or that asks for a link this server
+/// does not run, is reported on stderr and the next one is served; with
+/// `once`, its error is the result.
 pub fn serve(
     hugepages: HugepageMode,
     mtu: u16,
     side: &SideSpec,
     listen: &str,
+    once: bool,
 ) -> Result<(), String> {
     let (eal, pool) = start_eal(hugepages, mtu)?;
     let link = Link::side(&eal, &pool, mtu, side, true)?;
     let listener = TcpListener::bind(listen)
         .map_err(|e| format!("cannot listen on {listen}: {e} (choose another with --listen)"))?;
-    eprintln!("emx-bench: serving {}, control on {listen}", link.name);
-    let (stream, peer) = listener.accept().map_err(|e| e.to_string())?;
+    eprintln!(
+        "emx-bench: serving {}, control on {listen}{}",
+        link.name,
+        if once {
+            ", for one client"
+        } else {
+            ", for clients one after another until stopped"
+        }
+    );
+    let mut n = 0u64;
+    loop {
+        let (stream, peer) = listener
+            .accept()
+            .map_err(|e| format!("cannot take a client on {listen}: {e}"))?;
+        n += 1;
+        eprintln!("emx-bench: client {n} ({peer}) connected");
+        let r = serve_client(&eal, &pool, &link, mtu, stream);
+        if once {
+            return r;
+        }
+        match r {
+            Ok(()) => eprintln!("emx-bench: client {n} ({peer}) done"),
+            Err(e) => eprintln!("emx-bench: client {n} ({peer}): {e}"),
+        }
+    }
+}
+
+/// Serves one client on `link`: checks its hello, starts an echo thread for
+/// it, obeys its requests until it says goodbye or goes away, then stops the
+/// thread.
+fn serve_client(
+    eal: &Eal,
+    pool: &Mempool,
+    link: &Link,
+    mtu: u16,
+    stream: TcpStream,
+) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let mut writer = stream;
@@ -188,7 +229,7 @@ pub fn serve(
                 Ok(0) => Ok(None),
                 Ok(_) => serde_json::from_str(line)
                     .map(Some)
-                    .map_err(|e| format!("bad request from {peer}: {e}")),
+                    .map_err(|e| format!("bad request: {e}")),
                 Err(e) => Err(e.to_string()),
             }
         };
@@ -197,13 +238,14 @@ pub fn serve(
         v.push(b'\n');
         w.write_all(&v).map_err(|e| e.to_string())
     };
-    let Some(Request::Hello {
-        macs,
-        mtu: theirs,
-        shared,
-    }) = read(&mut reader, &mut line)?
-    else {
-        return Err(format!("{peer} did not say hello"));
+    let (macs, theirs, shared) = match read(&mut reader, &mut line)? {
+        Some(Request::Hello {
+            macs,
+            mtu: theirs,
+            shared,
+        }) => (macs, theirs, shared),
+        Some(other) => return Err(format!("the client began with {other:?}, not a hello")),
+        None => return Err("the client went away before its hello".into()),
     };
     if theirs != mtu || macs.len() != 3 || shared != link.shared {
         let queues = |s: bool| {
@@ -229,11 +271,11 @@ pub fn serve(
     }
     let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
     let (_, echo_core) = two_cores();
-    let (ctl, thread) = spawn_echo(&eal, &pool, &link, &b, &macs, echo_core)?;
+    let (ctl, thread) = spawn_echo(eal, pool, link, &b, &macs, echo_core)?;
     let mut thread = Some(thread);
     let ours: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
     answer(&mut writer, &Answer::Hello { macs: ours })?;
-    let hz = dpdk_ffi::tsc_hz(&eal) as f64;
+    let hz = dpdk_ffi::tsc_hz(eal) as f64;
     let result = loop {
         let req = match read(&mut reader, &mut line) {
             Ok(Some(r)) => r,
@@ -269,6 +311,5 @@ pub fn serve(
         // Failed earlier, and said so to the client.
         None => Ok(()),
     };
-    drop(link);
     result.and(echo)
 }

@@ -206,6 +206,9 @@ fn bad_options_name_the_fix() {
     let out = Command::new(BIN).args(["--sizes", "9M"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("8M"));
+    let out = Command::new(BIN).args(["--once"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--role server"));
 }
 
 /// Namespaces of process `pid` that still exist.
@@ -313,34 +316,63 @@ fn veth_interrupted_removes_its_namespaces() {
 }
 
 /// Runs a `--role server` process with `server_args` and a client with
-/// `client_args` (latency and bibw at 64 B and 100 KiB); returns the client's report.
-fn two_processes(server_args: &[&str], client_args: &[&str]) -> Value {
+/// `client_args` (latency and bibw at 64 B and 100 KiB); returns the client's
+/// report. With `once`, the server ends by itself after that client. Without
+/// it, the server serves a second client (a quick latency run) on the same
+/// port and is still running afterwards, until it is stopped.
+fn two_processes(server_args: &[&str], client_args: &[&str], once: bool) -> Value {
     let addr = format!("127.0.0.1:{}", 20_000 + std::process::id() % 20_000);
-    let server = Command::new(BIN)
+    let mut server = Command::new(BIN)
         .args(server_args)
         .args(["--role", "server", "--listen", &addr])
+        .args(once.then_some("--once"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut args = client_args.to_vec();
-    args.extend([
-        "--role",
-        "client",
-        "--server",
-        &addr,
-        "--test",
-        "latency,bibw",
-        "--sizes",
-        "64,100K",
-    ]);
-    let r = json(&args);
+    let client = |test: &[&str]| {
+        let mut args = client_args.to_vec();
+        args.extend(["--role", "client", "--server", &addr]);
+        args.extend(test);
+        json(&args)
+    };
+    let r = client(&["--test", "latency,bibw", "--sizes", "64,100K"]);
+    if !once {
+        let again = client(&[
+            "--test",
+            "latency",
+            "--sizes",
+            "64",
+            "--transports",
+            "raw,emx",
+        ]);
+        let rows = check_rows(&again, "latency");
+        for t in ["raw", "emx"] {
+            assert_eq!(sizes_of(&rows, t), [64], "second client, {t}");
+        }
+        assert!(
+            server.try_wait().unwrap().is_none(),
+            "the server serves on after its clients"
+        );
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(server.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+    }
     let out = server.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "server: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    if once {
+        assert!(out.status.success(), "server: {log}");
+    } else {
+        // Client 2's own "done" may race the signal; client 1's came before
+        // client 2 connected.
+        let said = |n: u32, what: &str| {
+            log.lines()
+                .any(|l| l.starts_with(&format!("emx-bench: client {n} (")) && l.ends_with(what))
+        };
+        assert!(said(1, " done") && said(2, " connected"), "{log}");
+    }
     for test in ["latency", "bibw"] {
         let rows = check_rows(&r, test);
         for t in ["raw", "emx", "emx-thread"] {
@@ -351,11 +383,13 @@ fn two_processes(server_args: &[&str], client_args: &[&str]) -> Value {
     r
 }
 
+/// `--link memif` between two processes; the server serves one client after
+/// another.
 #[test]
 fn memif_between_two_processes() {
     let sock = format!("/tmp/emx-bench-test-{}.sock", std::process::id());
     let link = ["--link", "memif", "--socket", &sock];
-    two_processes(&link, &link);
+    two_processes(&link, &link, false);
 }
 
 /// `--link devargs` takes any port DPDK probes; memif ones stand in for a NIC
@@ -368,6 +402,7 @@ fn devargs_between_two_processes() {
     let r = two_processes(
         &["--link", "devargs", "--devargs", &server],
         &["--link", "devargs", "--devargs", &client],
+        true,
     );
     assert!(
         r["link"].as_str().unwrap().contains("one queue pair"),
