@@ -131,6 +131,9 @@ impl Ord for InFlight {
 struct Node<S: AsRef<[u8]>, R: RecvBuffer> {
     core: Core<S, R>,
     up: bool,
+    /// Paused (a descheduled thread): frames for it wait in `held`.
+    paused: bool,
+    held: Vec<InFlight>,
     tx_free_at: Time,
 }
 
@@ -184,6 +187,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
         self.nodes.push(Node {
             core,
             up: true,
+            paused: false,
+            held: Vec::new(),
             tx_free_at: Time::ZERO,
         });
         self.nodes.len() - 1
@@ -220,6 +225,23 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
         self.nodes[i].up = up;
     }
 
+    /// Pauses node `i` (`true`), as the OS does a descheduled thread: it
+    /// sends nothing, its timers wait, and the frames that reach it wait for
+    /// it, in order. Unpaused, it finds them all at once: they are handed to
+    /// it 50 ns apart from now on, as a thread catching up reads its queue in
+    /// bursts and answers between them.
+    pub fn set_paused(&mut self, i: usize, paused: bool) {
+        self.nodes[i].paused = paused;
+        if !paused {
+            let held = std::mem::take(&mut self.nodes[i].held);
+            let mut at = self.now;
+            for f in held {
+                self.push(at, i, f.corrupted, f.bytes);
+                at = at + Duration::from_nanos(50);
+            }
+        }
+    }
+
     /// Drops (`true`) or passes again the frames from node `from` to node `to` only: a
     /// link that works one way.
     pub fn set_blocked(&mut self, from: usize, to: usize, blocked: bool) {
@@ -232,7 +254,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
     /// Time of the next event: a frame arriving or a timer of a node that is up.
     pub fn next_event(&self) -> Option<Time> {
         let mut t = self.queue.peek().map(|f| f.0.at);
-        for n in self.nodes.iter().filter(|n| n.up) {
+        for n in self.nodes.iter().filter(|n| n.up && !n.paused) {
             if let Some(d) = n.core.poll_timeout() {
                 t = Some(t.map_or(d, |t| t.min(d)));
             }
@@ -248,6 +270,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
     }
 
     fn flush_node(&mut self, i: usize) {
+        if self.nodes[i].paused {
+            return;
+        }
         let now = self.now;
         loop {
             let node = &mut self.nodes[i];
@@ -357,6 +382,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
                 self.stats.undeliverable += 1;
                 continue;
             }
+            if node.paused {
+                node.held.push(f);
+                continue;
+            }
             self.stats.delivered += 1;
             if node.core.handle_frame(now, &f.bytes).is_err() {
                 self.stats.rejected += 1;
@@ -364,7 +393,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
                 self.stats.corrupted_accepted += 1;
             }
         }
-        for n in self.nodes.iter_mut().filter(|n| n.up) {
+        for n in self.nodes.iter_mut().filter(|n| n.up && !n.paused) {
             if n.core.poll_timeout().is_some_and(|d| d <= now) {
                 n.core.handle_timeout(now);
             }

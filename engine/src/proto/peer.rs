@@ -51,6 +51,10 @@ pub(crate) struct Peer {
     pub(crate) rto_at: Time,
     /// Send time of the most recently sent frame that was acknowledged (loss detection).
     pub(crate) latest_acked_sent: Time,
+    /// When acknowledgements last showed a frame lost (later frames arrived
+    /// without it), if ever: the retransmission timeout treats a link that
+    /// lost frames lately as lossy, and one that did not as slow.
+    pub(crate) loss_seen_at: Option<Time>,
     /// When the oldest in-flight frame last moved: an ack made progress, or a frame went
     /// out with nothing in flight.
     pub(crate) progress_at: Time,
@@ -124,6 +128,7 @@ impl Peer {
             rtt: RttEstimator::new(rto_initial),
             rto_at: Time::NEVER,
             latest_acked_sent: Time::ZERO,
+            loss_seen_at: None,
             progress_at: Time::ZERO,
             credit_limit: 0,
             credit_used: 0,
@@ -399,6 +404,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         peer.rtt = RttEstimator::new(rto);
         peer.rto_at = Time::NEVER;
         peer.latest_acked_sent = Time::ZERO;
+        peer.loss_seen_at = None;
         peer.credit_limit = 0;
         peer.credit_used = 0;
         peer.credit_known = false;

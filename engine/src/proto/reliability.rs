@@ -188,6 +188,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let mut progress = false;
         let mut i = peer.inflight.head;
         let mut latest = peer.latest_acked_sent;
+        // The newest retransmission this ack covers, and whether it covers a
+        // frame sent only once (see below).
+        let mut latest_retx = Time::ZERO;
+        let mut first_acked = false;
         // Karn: sample only frames sent once; one sample per ack, from the newest.
         let mut sample_from = Time::ZERO;
         let mut sampled = false;
@@ -201,12 +205,17 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             let acked = d < 0 || (d > 0 && h.sack & (1u64 << (d - 1)) != 0);
             if acked {
                 let peer = &mut self.peers[p as usize];
-                if f.retx == 0 && f.sent_at >= sample_from {
-                    sample_from = f.sent_at;
-                    sampled = true;
-                }
-                if f.sent_at > latest {
-                    latest = f.sent_at;
+                if f.retx == 0 {
+                    first_acked = true;
+                    if f.sent_at >= sample_from {
+                        sample_from = f.sent_at;
+                        sampled = true;
+                    }
+                    if f.sent_at > latest {
+                        latest = f.sent_at;
+                    }
+                } else if f.sent_at > latest_retx {
+                    latest_retx = f.sent_at;
                 }
                 if f.lost {
                     peer.lost -= 1;
@@ -232,6 +241,18 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             }
             i = next;
         }
+        // An ack of a retransmitted frame is ambiguous: it may answer the first
+        // transmission. When the same ack also covers frames sent only once,
+        // the receiver is getting first transmissions (a timeout that fired
+        // because the peer was slow, say a descheduled thread, not because the
+        // link lost anything), and only those date it: dating it by the
+        // retransmission would declare lost every frame sent before it. An ack
+        // that covers retransmissions alone dates them: the frames sent before
+        // the timeout's probe and still unacknowledged are lost.
+        let probe_answered = !first_acked && latest_retx > latest;
+        if probe_answered {
+            latest = latest_retx;
+        }
         let peer = &mut self.peers[p as usize];
         peer.latest_acked_sent = latest;
         if sampled {
@@ -247,7 +268,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 now + peer.rtt.rto(self.cfg.rto_max)
             };
         }
-        if h.sack != 0 && !peer.inflight.is_empty() {
+        if (h.sack != 0 || probe_answered) && !peer.inflight.is_empty() {
             // Loss detection: three later frames arrived (first transmissions), or a frame
             // sent later than this one by more than the reordering window was acked.
             let reo = peer.rtt.srtt() / 4 + core::time::Duration::from_micros(1);
@@ -264,6 +285,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                     if (f.retx == 0 && above >= 3) || f.sent_at + reo < latest {
                         f.lost = true;
                         peer.lost += 1;
+                        peer.loss_seen_at = Some(now);
                     }
                 }
                 i = self.frame_links.next(i);
@@ -271,11 +293,26 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
     }
 
+    /// The retransmission timer fired: the frames that waited a whole timeout
+    /// are declared lost and the timer backs off. On a link that has not lost
+    /// a frame lately (see [`LOSSY_FOR`]), only the oldest of them goes again,
+    /// alone (RFC 6298 5.4).
+    ///
+    /// A timeout says that the peer has been silent, not which frames it
+    /// misses. A peer that was slow (a descheduled thread) acknowledges the
+    /// rest when it answers, so declaring them all lost would send a window
+    /// again for nothing, once per backed-off timeout while it stays silent. A
+    /// link that lost them all shows it when the probe's acknowledgement comes
+    /// back alone: [`on_ack`](Self::on_ack) then declares lost the frames sent
+    /// before the probe, and they go again together. On a link that has been
+    /// losing frames, what waited a whole timeout is most likely lost too, and
+    /// going again at once saves that round trip.
     pub(crate) fn on_rto(&mut self, now: Time, p: u16) {
         let peer = &mut self.peers[p as usize];
         let rto = peer.rtt.rto(self.cfg.rto_max);
-        let mut i = peer.inflight.head;
+        let lossy = peer.loss_seen_at.is_some_and(|t| now < t + LOSSY_FOR);
         let mut marked = false;
+        let mut i = peer.inflight.head;
         while i != NIL {
             let f = &mut self.frames[i as usize];
             if !f.lost && f.sent_at + rto <= now {
@@ -283,6 +320,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 peer.lost += 1;
                 peer.stats.timeouts += 1;
                 marked = true;
+                if !lossy {
+                    break;
+                }
             }
             i = self.frame_links.next(i);
         }
@@ -296,6 +336,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         };
     }
 }
+
+/// How long after acknowledgements last showed a frame lost the link counts
+/// as lossy for [`Core::on_rto`](Core): a timeout then declares every frame
+/// that waited a whole timeout lost, not only the oldest.
+pub(crate) const LOSSY_FOR: core::time::Duration = core::time::Duration::from_millis(10);
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,159 @@
+//! The retransmission timeout against a peer that is only slow (a descheduled
+//! thread: nothing is lost, it answers late) and against a link that lost a
+//! whole window: the first costs a probe per timeout, not a window; the second
+//! recovers every frame one round trip after the probe gets through. On a link
+//! that lost frames lately, a timeout sends the whole flight again at once.
+
+mod common;
+
+use common::*;
+use emx::proto::{Completion, CoreConfig, PeerId, PeerStats, Time};
+use emx::sim::LinkConfig;
+use std::time::Duration;
+
+/// Messages in the window: one full frame each (too long to be packed).
+const N: u64 = 48;
+const LEN: usize = 1400;
+
+/// Two cores that have exchanged a message (so the sender has an RTT sample),
+/// with `N` receives posted at core 1.
+fn ready() -> (TestSim, CoreConfig) {
+    let cfg = CoreConfig::default();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 1000, 1);
+    let now = sim.now();
+    for k in 0..N {
+        sim.core(1)
+            .post_recv(now, Some(addr(0)), 100 + k, !0, vec![0; LEN], 100 + k)
+            .unwrap();
+    }
+    (sim, cfg)
+}
+
+/// Sends the `N` messages from core 0.
+fn send_all(sim: &mut TestSim) {
+    let now = sim.now();
+    for k in 0..N {
+        sim.core(0)
+            .send(now, addr(1), 100 + k, pattern(100 + k, LEN), 100 + k)
+            .unwrap();
+    }
+}
+
+/// Runs until all `2 N` requests finished, byte-exact; returns when.
+fn finish(sim: &mut TestSim, deadline: Time) -> Time {
+    let mut done = 0;
+    let ok = sim.run_until(deadline, |sim| {
+        for (_, c) in drain(sim) {
+            match c {
+                Completion::Send(s) => s.result.unwrap(),
+                Completion::Recv(r) => {
+                    r.result.unwrap();
+                    assert!(r.buf == pattern(r.ctx, LEN), "message {} intact", r.ctx);
+                }
+            }
+            done += 1;
+        }
+        done == 2 * N
+    });
+    assert!(ok, "{done} of {} requests finished", 2 * N);
+    sim.now()
+}
+
+fn sender_stats(sim: &TestSim) -> PeerStats {
+    *sim.core_ref(0).peer_stats(PeerId(0)).unwrap()
+}
+
+#[test]
+fn a_slow_peer_costs_one_probe_per_timeout_not_a_window() {
+    let (mut sim, cfg) = ready();
+    let before = sender_stats(&sim);
+    // The receiver's thread is off its core for 3 ms: the sender's timer
+    // fires three times (200, 400 and 800 us apart) while nothing is lost.
+    sim.set_paused(1, true);
+    send_all(&mut sim);
+    let paused_at = sim.now();
+    sim.run_until(paused_at + Duration::from_millis(3), |_| false);
+    sim.set_paused(1, false);
+    let deadline = sim.now() + Duration::from_millis(10);
+    finish(&mut sim, deadline);
+    let after = sender_stats(&sim);
+    let timeouts = after.timeouts - before.timeouts;
+    let retransmits = after.retransmits - before.retransmits;
+    assert!(
+        (2..=4).contains(&timeouts),
+        "the timer fired {timeouts} times in 3 ms (rto_min {:?})",
+        cfg.rto_min
+    );
+    // One frame a timeout; declaring the whole window lost each time sent
+    // 48 frames a timeout again.
+    assert!(
+        retransmits <= timeouts,
+        "{retransmits} frames sent again for {timeouts} timeouts"
+    );
+    assert_eq!(sim.stats().lost, 0);
+}
+
+#[test]
+fn a_lost_window_goes_again_once_the_probe_gets_through() {
+    let (mut sim, _) = ready();
+    let before = sender_stats(&sim);
+    // Everything the sender sends for 1 ms is lost (acks still get back).
+    sim.set_blocked(0, 1, true);
+    send_all(&mut sim);
+    let cut_at = sim.now();
+    sim.run_until(cut_at + Duration::from_millis(1), |_| false);
+    sim.set_blocked(0, 1, false);
+    let healed = sim.now();
+    let timeouts_cut = sender_stats(&sim).timeouts - before.timeouts;
+    let done = finish(&mut sim, healed + Duration::from_millis(20));
+    let after = sender_stats(&sim);
+    let timeouts = after.timeouts - before.timeouts;
+    let retransmits = after.retransmits - before.retransmits;
+    // The next timeout's probe gets through; its acknowledgement, alone,
+    // declares lost every frame sent before it, and they all go again at
+    // once: one more timeout, not one per frame.
+    assert_eq!(
+        timeouts,
+        timeouts_cut + 1,
+        "timeouts: {timeouts_cut} during the cut, {timeouts} in all"
+    );
+    // Each frame went again once after the cut, plus the probes.
+    assert!(
+        retransmits <= N + timeouts,
+        "{retransmits} frames sent again ({timeouts} timeouts)"
+    );
+    // The last timeout fired at most 1.6 ms (the backed-off timeout) after the
+    // cut healed; after it, a round trip and the delayed ack.
+    let took = done - healed;
+    assert!(took < Duration::from_micros(1_800), "took {took:?}");
+}
+
+#[test]
+fn on_a_link_that_lost_frames_lately_a_timeout_sends_the_whole_flight_again() {
+    let (mut sim, _) = ready();
+    // A transfer over a bad link first: acknowledgements show frames lost.
+    sim.set_link(LinkConfig {
+        loss: 0.2,
+        ..LinkConfig::default()
+    });
+    transfer(&mut sim, 0, 1, 64 << 10, 2);
+    sim.set_link(LinkConfig::default());
+    let before = sender_stats(&sim);
+    assert!(before.retransmits > 0, "the bad link lost frames");
+    sim.set_blocked(0, 1, true);
+    send_all(&mut sim);
+    let cut_at = sim.now();
+    // Past the first timeout only (200 us, then 400 us backed off).
+    sim.run_until(cut_at + Duration::from_micros(500), |_| false);
+    let first = sender_stats(&sim).timeouts - before.timeouts;
+    // Every frame in flight waited a whole timeout: all declared lost at
+    // once (credit let through at least half the messages).
+    assert!(
+        first >= N / 2,
+        "the first timeout declared {first} frames lost"
+    );
+    sim.set_blocked(0, 1, false);
+    let deadline = sim.now() + Duration::from_millis(20);
+    finish(&mut sim, deadline);
+}
