@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use emx::proto::{Completion, CoreConfig, PeerId, PeerStats, Time};
+use emx::proto::{CoreConfig, PeerId, PeerStats, Time};
 use emx::sim::LinkConfig;
 use std::time::Duration;
 
@@ -40,23 +40,12 @@ fn send_all(sim: &mut TestSim) {
     }
 }
 
-/// Runs until all `2 N` requests finished, byte-exact; returns when.
+/// Runs until all `N` sends and receives finished, byte-exact; returns when.
 fn finish(sim: &mut TestSim, deadline: Time) -> Time {
-    let mut done = 0;
-    let ok = sim.run_until(deadline, |sim| {
-        for (_, c) in drain(sim) {
-            match c {
-                Completion::Send(s) => s.result.unwrap(),
-                Completion::Recv(r) => {
-                    r.result.unwrap();
-                    assert!(r.buf == pattern(r.ctx, LEN), "message {} intact", r.ctx);
-                }
-            }
-            done += 1;
-        }
-        done == 2 * N
+    await_exchange(sim, deadline, N, |_, r| {
+        r.result.unwrap();
+        assert!(r.buf == pattern(r.ctx, LEN), "message {} intact", r.ctx);
     });
-    assert!(ok, "{done} of {} requests finished", 2 * N);
     sim.now()
 }
 
