@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dpdk_ffi::{Burst, Eal, ExtMem, HugepageMode, Mbuf, Mempool, RxQueue};
+use dpdk_ffi::{Burst, Eal, ExtMem, HugepageMode, Mbuf, Mempool, RxQueue, TxQueue};
 use emx::proto::{Addr, PeerStats};
 use emx::runtime::ProgressMode;
 use hdrhistogram::Histogram;
@@ -681,15 +681,7 @@ impl Session {
         let per = self.raw_per();
         let (rx, tx) = self.chans.raw();
         let mut burst: Burst = Burst::new();
-        let mut sent = 0u32;
-        while sent < frames {
-            while burst.room() > 0 && sent + (burst.len() as u32) < frames {
-                let i = sent + burst.len() as u32;
-                let m = raw_frame(&self.pool, &self.raw_hdr, iter, i, raw_len(size, per, i))?;
-                let _ = burst.push(m);
-            }
-            sent += tx.tx_burst(&mut burst) as u32;
-        }
+        send_raw(tx, &mut burst, &self.pool, &self.raw_hdr, iter, size, per)?;
         let (mut got, mut bytes) = (0u32, 0usize);
         let t = Instant::now();
         let mut inb: Burst = Burst::new();
@@ -1005,6 +997,29 @@ fn raw_wire_len(len: usize) -> usize {
     (RAW_HDR + len).max(60)
 }
 
+/// Sends raw message `iter` of `size` bytes, `per` to a frame, in bursts
+/// through `burst` (left empty).
+fn send_raw(
+    tx: &mut TxQueue,
+    burst: &mut Burst,
+    pool: &Mempool,
+    hdr: &[u8; 14],
+    iter: u32,
+    size: usize,
+    per: usize,
+) -> Result<(), String> {
+    let frames = raw_frames(size, per);
+    let mut sent = 0u32;
+    while sent < frames {
+        while burst.room() > 0 && sent + (burst.len() as u32) < frames {
+            let i = sent + burst.len() as u32;
+            let _ = burst.push(raw_frame(pool, hdr, iter, i, raw_len(size, per, i))?);
+        }
+        sent += tx.tx_burst(burst) as u32;
+    }
+    Ok(())
+}
+
 /// A raw frame: header, iteration, index, then `len` bytes.
 fn raw_frame(
     pool: &Mempool,
@@ -1134,16 +1149,7 @@ impl Echo {
                     if frames > 1 && cur.1 == frames {
                         // The whole message back, as every other transport's
                         // echo sends it: a ping-pong moves it both ways.
-                        let mut sent = 0;
-                        while sent < frames {
-                            while out.room() > 0 && sent + (out.len() as u32) < frames {
-                                let i = sent + out.len() as u32;
-                                let len = raw_len(size, per, i);
-                                let m = raw_frame(&self.pool, &self.hdr, cur.0, i, len)?;
-                                let _ = out.push(m);
-                            }
-                            sent += tx.tx_burst(&mut out) as u32;
-                        }
+                        send_raw(tx, &mut out, &self.pool, &self.hdr, cur.0, size, per)?;
                         cur.1 = 0;
                     }
                 }
