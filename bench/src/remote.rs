@@ -12,7 +12,8 @@
 //! `Counters` (what the echo side received, on its own clock) and `Bye`.
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpdk_ffi::{Eal, HugepageMode, Mempool};
@@ -158,7 +159,8 @@ impl Client {
         }
     }
 
-    /// Tells the server we are done; it stops.
+    /// Tells the server we are done: it answers once it has stopped our
+    /// echo thread and is free for its next client.
     pub(crate) fn bye(mut self) -> Result<(), String> {
         self.call(&Request::Bye, &mut || {}).map(|_| ())
     }
@@ -169,7 +171,9 @@ impl Client {
 /// its own on the same port) until the process is stopped, or only the first
 /// one when `once`. A client that fails, or that asks for a link this server
 /// does not run, is reported on stderr and the next one is served; with
-/// `once`, its error is the result.
+/// `once`, its error is the result. A client that connects while another is
+/// served is told at once that the server is busy (as iperf3 does), rather
+/// than left waiting for the other's run to end.
 pub fn serve(
     hugepages: HugepageMode,
     mtu: u16,
@@ -190,14 +194,12 @@ pub fn serve(
             ", for clients one after another until stopped"
         }
     );
-    let mut n = 0u64;
+    let serving = Arc::new(Mutex::new(None));
+    let clients = accept_clients(listener, listen.to_string(), serving.clone());
     loop {
-        let (stream, peer) = listener
-            .accept()
-            .map_err(|e| format!("cannot take a client on {listen}: {e}"))?;
-        n += 1;
+        let (n, peer, stream) = clients.recv().map_err(|_| "the listener stopped")??;
         eprintln!("emx-bench: client {n} ({peer}) connected");
-        let r = serve_client(&eal, &pool, &link, mtu, stream);
+        let r = serve_client(&eal, &pool, &link, mtu, stream, Released(&serving));
         if once {
             return r;
         }
@@ -208,15 +210,101 @@ pub fn serve(
     }
 }
 
+/// The client being served, by number and address; `None` while the server
+/// is free.
+type Serving = Arc<Mutex<Option<(u64, SocketAddr)>>>;
+
+/// Frees the server when dropped: the client's echo thread has stopped, so
+/// the next client may be taken.
+struct Released<'a>(&'a Serving);
+
+impl Drop for Released<'_> {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Takes connections on a thread of its own: the first while the server is
+/// free goes to the server (marked as served before it is handed over, so a
+/// second one right behind it is refused, not queued); any other is told
+/// the server is busy. The thread outlives the server's loop and ends with
+/// the process.
+fn accept_clients(
+    listener: TcpListener,
+    listen: String,
+    serving: Serving,
+) -> mpsc::Receiver<Result<(u64, SocketAddr, TcpStream), String>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut n = 0u64;
+        loop {
+            let (stream, peer) = match listener.accept() {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(Err(format!("cannot take a client on {listen}: {e}")));
+                    return;
+                }
+            };
+            n += 1;
+            let busy = {
+                let mut s = serving.lock().unwrap_or_else(|e| e.into_inner());
+                let busy = *s;
+                if busy.is_none() {
+                    *s = Some((n, peer));
+                }
+                busy
+            };
+            match busy {
+                None => {
+                    if tx.send(Ok((n, peer, stream))).is_err() {
+                        return;
+                    }
+                }
+                Some((m, other)) => {
+                    eprintln!("emx-bench: client {n} ({peer}) refused: busy with client {m}");
+                    let why =
+                        format!("busy with another client ({other}); try again when its run ends");
+                    // Off this thread: the refusal waits for the client's hello.
+                    std::thread::spawn(move || refuse(stream, &why));
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Answers a client's hello with `why` and closes. The hello is read first
+/// (for a few seconds at most): closing with it unread would reset the
+/// connection, and the client could lose the answer.
+fn refuse(stream: TcpStream, why: &str) {
+    let _ = stream.set_read_timeout(Some(HELLO_WITHIN));
+    let Ok(read) = stream.try_clone() else { return };
+    let mut line = String::new();
+    let _ = BufReader::new(read).read_line(&mut line);
+    let _ = send_answer(&mut &stream, &Answer::Failed(why.to_string()));
+}
+
+/// How long a client may take from connecting to its hello.
+const HELLO_WITHIN: Duration = Duration::from_secs(30);
+
+/// Writes one answer line.
+fn send_answer(w: &mut impl Write, a: &Answer) -> Result<(), String> {
+    let mut v = serde_json::to_vec(a).map_err(|e| e.to_string())?;
+    v.push(b'\n');
+    w.write_all(&v).map_err(|e| e.to_string())
+}
+
 /// Serves one client on `link`: checks its hello, starts an echo thread for
 /// it, obeys its requests until it says goodbye or goes away, then stops the
-/// thread.
+/// thread and frees the server (`release`), before it answers the goodbye so
+/// that a client started right after this one finds the server free.
 fn serve_client(
     eal: &Eal,
     pool: &Mempool,
     link: &Link,
     mtu: u16,
     stream: TcpStream,
+    release: Released,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
@@ -233,12 +321,17 @@ fn serve_client(
                 Err(e) => Err(e.to_string()),
             }
         };
-    let answer = |w: &mut TcpStream, a: &Answer| -> Result<(), String> {
-        let mut v = serde_json::to_vec(a).map_err(|e| e.to_string())?;
-        v.push(b'\n');
-        w.write_all(&v).map_err(|e| e.to_string())
+    // A connection that never says hello would hold the server forever.
+    let _ = writer.set_read_timeout(Some(HELLO_WITHIN));
+    let hello = match read(&mut reader, &mut line) {
+        Err(_) if line.is_empty() => Err(format!(
+            "no hello within {} s; dropped",
+            HELLO_WITHIN.as_secs()
+        )),
+        r => r,
     };
-    let (macs, theirs, shared) = match read(&mut reader, &mut line)? {
+    let _ = writer.set_read_timeout(None);
+    let (macs, theirs, shared) = match hello? {
         Some(Request::Hello {
             macs,
             mtu: theirs,
@@ -261,7 +354,7 @@ fn serve_client(
             queues(shared),
             queues(link.shared),
         );
-        answer(&mut writer, &Answer::Failed(why.clone()))?;
+        send_answer(&mut writer, &Answer::Failed(why.clone()))?;
         return Err(why);
     }
     for c in &link.channels {
@@ -274,8 +367,9 @@ fn serve_client(
     let (ctl, thread) = spawn_echo(eal, pool, link, &b, &macs, echo_core)?;
     let mut thread = Some(thread);
     let ours: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
-    answer(&mut writer, &Answer::Hello { macs: ours })?;
+    send_answer(&mut writer, &Answer::Hello { macs: ours })?;
     let hz = dpdk_ffi::tsc_hz(eal) as f64;
+    let mut bye = false;
     let result = loop {
         let req = match read(&mut reader, &mut line) {
             Ok(Some(r)) => r,
@@ -296,12 +390,12 @@ fn serve_client(
             }
             Request::Counters => Answer::Counters(ctl.counters(hz)),
             Request::Bye => {
-                let _ = answer(&mut writer, &Answer::Done);
+                bye = true;
                 break Ok(());
             }
             Request::Hello { .. } => Answer::Failed("hello twice".into()),
         };
-        if let Err(e) = answer(&mut writer, &a) {
+        if let Err(e) = send_answer(&mut writer, &a) {
             break Err(e);
         }
     };
@@ -311,5 +405,9 @@ fn serve_client(
         // Failed earlier, and said so to the client.
         None => Ok(()),
     };
+    drop(release);
+    if bye {
+        let _ = send_answer(&mut writer, &Answer::Done);
+    }
     result.and(echo)
 }

@@ -315,11 +315,62 @@ fn veth_interrupted_removes_its_namespaces() {
     assert!(namespaces_of(pid).is_empty(), "namespaces removed");
 }
 
-/// Runs a `--role server` process with `server_args` and a client with
-/// `client_args` (latency and bibw at 64 B and 100 KiB); returns the client's
+/// Server log lines as they come, kept for the messages of failed checks.
+struct Log {
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Log {
+    fn of(server: &mut std::process::Child) -> Log {
+        let err = server.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        Log {
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (a minute at most) for the server to say `what` of client `n`.
+    fn expect(&mut self, n: u32, what: &str) {
+        let said =
+            |l: &String| l.starts_with(&format!("emx-bench: client {n} (")) && l.ends_with(what);
+        if self.seen.iter().any(said) {
+            return;
+        }
+        let t = Instant::now();
+        while let Some(left) = Duration::from_secs(60).checked_sub(t.elapsed()) {
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let found = said(&l);
+                    self.seen.push(l);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!(
+            "the server never said `{what}` of client {n}: {:#?}",
+            self.seen
+        );
+    }
+}
+
+/// Runs a server with `server_args` and a client with `client_args` (a
+/// latency and bibw sweep at two sizes, every transport), checks the client's
 /// report. With `once`, the server ends by itself after that client. Without
-/// it, the server serves a second client (a quick latency run) on the same
-/// port and is still running afterwards, until it is stopped.
+/// it, a connection that never says hello holds the server first, and a
+/// client that comes meanwhile is refused at once as busy; then the server
+/// serves two clients one after the other on the same port, and is still
+/// running afterwards, until it is stopped.
 fn two_processes(server_args: &[&str], client_args: &[&str], once: bool) -> Value {
     let addr = format!("127.0.0.1:{}", 20_000 + std::process::id() % 20_000);
     let mut server = Command::new(BIN)
@@ -330,12 +381,38 @@ fn two_processes(server_args: &[&str], client_args: &[&str], once: bool) -> Valu
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut log = Log::of(&mut server);
     let client = |test: &[&str]| {
         let mut args = client_args.to_vec();
         args.extend(["--role", "client", "--server", &addr]);
         args.extend(test);
         json(&args)
     };
+    if !once {
+        let t = Instant::now();
+        let holder = loop {
+            match std::net::TcpStream::connect(&addr) {
+                Ok(s) => break s,
+                Err(e) if t.elapsed() > Duration::from_secs(20) => panic!("no server: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        log.expect(1, " connected");
+        let t = Instant::now();
+        let out = Command::new(BIN)
+            .args(client_args)
+            .args(["--role", "client", "--server", &addr])
+            .args(QUICK)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "a busy server took a client: {err}");
+        assert!(err.contains("busy with another client"), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(20), "refused late");
+        log.expect(2, "refused: busy with client 1");
+        drop(holder);
+        log.expect(1, "went away before its hello");
+    }
     let r = client(&["--test", "latency,bibw", "--sizes", "64,100K"]);
     if !once {
         let again = client(&[
@@ -350,6 +427,8 @@ fn two_processes(server_args: &[&str], client_args: &[&str], once: bool) -> Valu
         for t in ["raw", "emx"] {
             assert_eq!(sizes_of(&rows, t), [64], "second client, {t}");
         }
+        log.expect(3, " done");
+        log.expect(4, " done");
         assert!(
             server.try_wait().unwrap().is_none(),
             "the server serves on after its clients"
@@ -360,18 +439,10 @@ fn two_processes(server_args: &[&str], client_args: &[&str], once: bool) -> Valu
         )
         .unwrap();
     }
-    let out = server.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
+    let status = server.wait().unwrap();
     if once {
-        assert!(out.status.success(), "server: {log}");
-    } else {
-        // Client 2's own "done" may race the signal; client 1's came before
-        // client 2 connected.
-        let said = |n: u32, what: &str| {
-            log.lines()
-                .any(|l| l.starts_with(&format!("emx-bench: client {n} (")) && l.ends_with(what))
-        };
-        assert!(said(1, " done") && said(2, " connected"), "{log}");
+        log.expect(1, " connected");
+        assert!(status.success(), "server: {:#?}", log.seen);
     }
     for test in ["latency", "bibw"] {
         let rows = check_rows(&r, test);
