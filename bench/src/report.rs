@@ -346,6 +346,83 @@ pub fn human(size: usize) -> String {
     }
 }
 
+/// A row's share of its frames sent again at or above which it is listed on
+/// its own under the tables: such a row lost enough to move its figures. The
+/// rest (a timeout's probe or two, when a thread was off its CPU) are counted
+/// together per test and transport.
+const RESENT_LISTED: f64 = 0.01;
+
+/// Writes where emx sent frames again: rows that resent a notable share on a
+/// line each, the others summed up per test and transport.
+fn resent(o: &mut String, rows: &[Row]) {
+    let share = |p: &Protocol| p.retransmits as f64 / p.frames_sent.max(1) as f64;
+    let line = |o: &mut String, r: &Row, p: &Protocol| {
+        let _ = writeln!(
+            o,
+            "  {:?} {} {}: {} of {} frames ({:.3}%)",
+            r.test,
+            r.transport.label(),
+            human(r.size),
+            p.retransmits,
+            p.frames_sent,
+            100.0 * share(p)
+        );
+    };
+    // Per test and transport, in the order of the rows: how many sizes, and
+    // the rows that sent frames again.
+    type Group<'a> = ((Test, Transport), usize, Vec<(&'a Row, Protocol)>);
+    let mut groups: Vec<Group> = Vec::new();
+    for r in rows {
+        let Some(p) = r.protocol else { continue };
+        let key = (r.test, r.transport);
+        let g = match groups.iter().position(|(k, _, _)| *k == key) {
+            Some(i) => &mut groups[i],
+            None => {
+                groups.push((key, 0, Vec::new()));
+                groups.last_mut().expect("pushed")
+            }
+        };
+        g.1 += 1;
+        if p.retransmits > 0 {
+            g.2.push((r, p));
+        }
+    }
+    groups.retain(|g| !g.2.is_empty());
+    if groups.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "\nframes sent again (emx, measuring side):");
+    for ((test, transport), sizes, g) in groups {
+        let (listed, few): (Vec<_>, Vec<_>) =
+            g.into_iter().partition(|(_, p)| share(p) >= RESENT_LISTED);
+        for (r, p) in &listed {
+            line(o, r, p);
+        }
+        match few.as_slice() {
+            [] => {}
+            [(r, p)] => line(o, r, p),
+            _ => {
+                let n = |f: fn(u64, u64) -> u64| {
+                    few.iter()
+                        .map(|(_, p)| p.retransmits)
+                        .fold(few[0].1.retransmits, f)
+                };
+                let most = few.iter().map(|(_, p)| share(p)).fold(0.0, f64::max);
+                let _ = writeln!(
+                    o,
+                    "  {test:?} {}: {}-{} frames at {} of {} sizes (at most {:.3}% of a size's frames)",
+                    transport.label(),
+                    n(u64::min),
+                    n(u64::max),
+                    few.len(),
+                    sizes,
+                    100.0 * most
+                );
+            }
+        }
+    }
+}
+
 impl Report {
     /// The terminal tables: one per test, a line per size, a column per transport.
     pub fn table(&self, transports: &[Transport]) -> String {
@@ -401,27 +478,7 @@ impl Report {
             }
         }
         // Retransmissions move figures: say where there were any.
-        let lossy: Vec<&Row> = self
-            .rows
-            .iter()
-            .filter(|r| r.protocol.is_some_and(|p| p.retransmits > 0))
-            .collect();
-        if !lossy.is_empty() {
-            let _ = writeln!(o, "\nframes sent again (emx, measuring side):");
-            for r in lossy {
-                let p = r.protocol.expect("filtered");
-                let _ = writeln!(
-                    o,
-                    "  {:?} {} {}: {} of {} frames ({:.3}%)",
-                    r.test,
-                    r.transport.label(),
-                    human(r.size),
-                    p.retransmits,
-                    p.frames_sent,
-                    100.0 * p.retransmits as f64 / p.frames_sent.max(1) as f64
-                );
-            }
-        }
+        resent(&mut o, &self.rows);
         if !self.skipped.is_empty() {
             let _ = writeln!(o, "\nnot measured:");
             for s in &self.skipped {
@@ -607,4 +664,57 @@ fn xml(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(test: Test, transport: Transport, size: usize, resent: u64, sent: u64) -> Row {
+        Row {
+            test,
+            transport,
+            size,
+            latency: None,
+            flow: None,
+            ratio_to_raw: None,
+            p99_ratio_to_raw: None,
+            protocol: Some(Protocol {
+                frames_sent: sent,
+                retransmits: resent,
+                ..Protocol::default()
+            }),
+        }
+    }
+
+    /// A probe or two per row is summed up per test and transport; a row
+    /// that resent a notable share of its frames gets a line of its own.
+    #[test]
+    fn frames_sent_again_are_summed_up_unless_notable() {
+        use Test::*;
+        use Transport::*;
+        let mut o = String::new();
+        resent(
+            &mut o,
+            &[
+                row(Latency, Emx, 8, 1, 90_000),
+                row(Latency, Emx, 16, 0, 90_000),
+                row(Latency, Emx, 32, 5, 80_000),
+                row(Latency, EmxThread, 8, 2, 1_300),
+                row(Bandwidth, Emx, 1 << 20, 812, 20_000),
+                row(Bandwidth, Emx, 8 << 20, 3, 300_000),
+            ],
+        );
+        assert_eq!(
+            o,
+            "\nframes sent again (emx, measuring side):\n\
+             \x20 Latency emx: 1-5 frames at 2 of 3 sizes (at most 0.006% of a size's frames)\n\
+             \x20 Latency emx-thread 8: 2 of 1300 frames (0.154%)\n\
+             \x20 Bandwidth emx 1M: 812 of 20000 frames (4.060%)\n\
+             \x20 Bandwidth emx 8M: 3 of 300000 frames (0.001%)\n"
+        );
+        let mut o = String::new();
+        resent(&mut o, &[row(Latency, Emx, 8, 0, 90_000)]);
+        assert_eq!(o, "", "nothing sent again, nothing said");
+    }
 }
