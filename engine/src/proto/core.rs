@@ -774,14 +774,14 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     ) -> Result<RequestId, Rejected<RecvError, R>> {
         let src_peer = match src {
             None => NO_PEER,
-            Some(a) => match self.peer_map.get(&a.key()) {
-                Some(&p) if self.peers[p as usize].dead => {
+            Some(a) => match self.lookup_peer(a.key()) {
+                Some(p) if self.peers[p as usize].dead => {
                     return Err(Rejected {
                         error: RecvError::PeerUnreachable,
                         buf,
                     })
                 }
-                Some(&p) => p,
+                Some(p) => p,
                 None => {
                     return Err(Rejected {
                         error: RecvError::UnknownPeer,

@@ -1099,16 +1099,21 @@ impl Endpoint {
         let taken = match &mut self.mode {
             Mode::Inline(d) => {
                 let now = self.clock.now();
-                to_core(d.core(0), now, buf, req.0).map(|id| {
-                    // A message with nothing ahead of it and nothing in
-                    // flight leaves now, not at the next progress call:
-                    // computing after `isend` does not hold it back. Others
-                    // wait for that call and leave together (packed).
-                    if !id.is_recv() && d.core(0).send_goes_alone(id) {
-                        d.flush(now);
-                    }
-                    Some(id)
-                })
+                let core = d.core(0);
+                to_core(&mut *core, now, buf, req.0)
+                    .map(|id| {
+                        // A message with nothing ahead of it and nothing in
+                        // flight leaves now, not at the next progress call:
+                        // computing after `isend` does not hold it back. Others
+                        // wait for that call and leave together (packed).
+                        (id, !id.is_recv() && core.send_goes_alone(id))
+                    })
+                    .map(|(id, alone)| {
+                        if alone {
+                            d.flush(now);
+                        }
+                        Some(id)
+                    })
             }
             Mode::Thread => self
                 .push_cmd(to_cmd(req, buf))
