@@ -7,53 +7,131 @@
 //! the same thread) and mbufs it allocates and frees itself.
 #![allow(unsafe_code)]
 
+use std::time::{Duration, Instant};
+
 use dpdk_ffi::{sys, Mempool};
 
+/// How long a raw pinger waits for its pong before it counts it lost.
+pub const LOST_AFTER: Duration = Duration::from_millis(200);
+
+/// How long a sender tries a link that takes no frames before it gives up:
+/// a memif peer that went away, or a port that went down, would otherwise
+/// hold it (and the process) forever. A live peer drains a full ring in
+/// microseconds, or in milliseconds when its thread is off its CPU.
+pub const STUCK_AFTER: Duration = Duration::from_secs(1);
+
+/// What a link that takes no frames is told to the user.
+pub const STUCK: &str = "the link took no frames for a second: is the other side still running?";
+
+/// Bounds a loop that waits on the link, without raising the floor it
+/// measures: the clock (dearer than an empty poll, a vDSO call that is slower
+/// still in a VM) is read only every 1024 waits, and first after 1024 of them,
+/// so a loop that waits less reads it never.
+pub struct Patience {
+    waits: u32,
+    since: Option<Instant>,
+    limit: Duration,
+}
+
+impl Patience {
+    /// Patience for `limit` of waiting.
+    #[inline]
+    pub fn new(limit: Duration) -> Patience {
+        Patience {
+            waits: 0,
+            since: None,
+            limit,
+        }
+    }
+
+    /// One more wait; `true` once the waits have lasted the limit (measured
+    /// from about the 1024th).
+    #[inline]
+    pub fn exhausted(&mut self) -> bool {
+        self.waits = self.waits.wrapping_add(1);
+        if self.waits % 1024 != 0 {
+            return false;
+        }
+        self.since.get_or_insert_with(Instant::now).elapsed() > self.limit
+    }
+
+    /// The link moved: start counting again.
+    #[inline]
+    pub fn reset(&mut self) {
+        self.waits = 0;
+        self.since = None;
+    }
+}
+
 /// One ping: allocate, fill, transmit (retrying while the ring is full),
-/// then spin until the pong arrives and free it. `false` if allocation failed.
+/// then spin until the pong arrives and free it. `Ok(false)` if no pong came
+/// within [`LOST_AFTER`]; an error if allocation failed or the link took
+/// nothing for [`STUCK_AFTER`].
 #[inline(never)]
-pub fn ping(port: u16, queue: u16, pool: &Mempool, frame: &[u8]) -> bool {
+pub fn ping(port: u16, queue: u16, pool: &Mempool, frame: &[u8]) -> Result<bool, String> {
     // SAFETY: the pool is alive; port/queue are owned by this thread (see the
     // module docs); every mbuf is either handed to the driver or freed here.
     unsafe {
         let m = sys::rte_pktmbuf_alloc(pool.as_ptr());
-        if m.is_null() {
-            return false;
-        }
-        let p = sys::rte_pktmbuf_append(m, frame.len() as u16);
+        let p = if m.is_null() {
+            std::ptr::null_mut()
+        } else {
+            sys::rte_pktmbuf_append(m, frame.len() as u16)
+        };
         if p.is_null() {
             sys::rte_pktmbuf_free(m);
-            return false;
+            return Err(format!("mempool `{}` exhausted", pool.name()));
         }
         std::ptr::copy_nonoverlapping(frame.as_ptr(), p as *mut u8, frame.len());
         let mut out = m;
-        while sys::rte_eth_tx_burst(port, queue, &mut out, 1) == 0 {}
+        let mut wait = Patience::new(STUCK_AFTER);
+        while sys::rte_eth_tx_burst(port, queue, &mut out, 1) == 0 {
+            if wait.exhausted() {
+                sys::rte_pktmbuf_free(m);
+                return Err(STUCK.into());
+            }
+        }
         let mut inb = [std::ptr::null_mut::<sys::rte_mbuf>(); 32];
+        let mut wait = Patience::new(LOST_AFTER);
         loop {
             let n = sys::rte_eth_rx_burst(port, queue, inb.as_mut_ptr(), 32);
             if n > 0 {
                 sys::rte_pktmbuf_free_bulk(inb.as_mut_ptr(), u32::from(n));
-                return true;
+                return Ok(true);
+            }
+            if wait.exhausted() {
+                return Ok(false);
             }
         }
     }
 }
 
-/// One step of the echo side: receive a burst and send every frame back.
+/// One step of the echo side: receive a burst and send every frame back
+/// (dropping what the link would not take for [`STUCK_AFTER`]).
 #[inline(never)]
 pub fn echo_step(port: u16, queue: u16) {
-    // SAFETY: as in ping(); received mbufs are all handed back to the driver.
+    // SAFETY: as in ping(); received mbufs are all handed back to the driver
+    // or freed.
     unsafe {
         let mut bufs = [std::ptr::null_mut::<sys::rte_mbuf>(); 32];
         let n = sys::rte_eth_rx_burst(port, queue, bufs.as_mut_ptr(), 32);
         let mut sent = 0;
+        let mut wait = Patience::new(STUCK_AFTER);
         while sent < n {
-            sent += sys::rte_eth_tx_burst(
+            let k = sys::rte_eth_tx_burst(
                 port,
                 queue,
                 bufs.as_mut_ptr().add(usize::from(sent)),
                 n - sent,
             );
+            sent += k;
+            if k == 0 && wait.exhausted() {
+                sys::rte_pktmbuf_free_bulk(
+                    bufs.as_mut_ptr().add(usize::from(sent)),
+                    u32::from(n - sent),
+                );
+                return;
+            }
         }
     }
 }

@@ -5,7 +5,10 @@
 //! serves clients one after another, each with an echo thread of its own,
 //! until it is stopped (or only the first with `--once`).
 //!
-//! The control protocol is one JSON object per line, request then answer:
+//! The control protocol is one JSON object per line. The server speaks
+//! first: `Ready` once it takes the client, or `Failed` when it is busy with
+//! another (the client has opened no port yet, so a refused one leaves the
+//! server's port alone). Then request and answer:
 //! `Hello` (each side's MACs, the MTU and whether the channels share one
 //! queue pair), `Command` (switch the echo thread;
 //! answered once it runs the new command), `Stop` (end streams back),
@@ -39,7 +42,11 @@ enum Request {
 /// The server's answer.
 #[derive(Debug, Serialize, Deserialize)]
 enum Answer {
-    Hello { macs: Vec<[u8; 6]> },
+    /// The greeting: the server takes this client.
+    Ready,
+    Hello {
+        macs: Vec<[u8; 6]>,
+    },
     Running(u64),
     Done,
     Counters(Counters),
@@ -54,7 +61,8 @@ pub struct Client {
 
 impl Client {
     /// Connects to the server at `addr`, retrying for a few seconds while it
-    /// starts. It listens once its port is open.
+    /// starts (it listens once its port is open), and waits for its greeting:
+    /// an error if it is busy with another client.
     pub fn connect(addr: &str) -> Result<Client, String> {
         let t = Instant::now();
         let stream = loop {
@@ -72,10 +80,14 @@ impl Client {
             }
         };
         let _ = stream.set_nodelay(true);
-        Ok(Client {
+        let mut client = Client {
             stream,
             buf: Vec::new(),
-        })
+        };
+        match client.answer(&mut || std::thread::sleep(Duration::from_millis(1)))? {
+            Answer::Ready => Ok(client),
+            a => Err(format!("unexpected greeting from the server: {a:?}")),
+        }
     }
 
     /// Trades MACs, ours per channel in, the server's out, and checks that
@@ -108,6 +120,11 @@ impl Client {
             .set_nonblocking(false)
             .and_then(|()| self.stream.write_all(&line))
             .map_err(|e| format!("control connection: {e}"))?;
+        self.answer(idle)
+    }
+
+    /// Waits for the server's next line, calling `idle` while it waits.
+    fn answer(&mut self, idle: &mut dyn FnMut()) -> Result<Answer, String> {
         self.stream
             .set_nonblocking(true)
             .map_err(|e| e.to_string())?;
@@ -172,8 +189,8 @@ impl Client {
 /// one when `once`. A client that fails, or that asks for a link this server
 /// does not run, is reported on stderr and the next one is served; with
 /// `once`, its error is the result. A client that connects while another is
-/// served is told at once that the server is busy (as iperf3 does), rather
-/// than left waiting for the other's run to end.
+/// served is told that the server is busy (as iperf3 does), after a grace of
+/// two seconds, rather than left waiting for the other's run to end.
 pub fn serve(
     hugepages: HugepageMode,
     mtu: u16,
@@ -226,9 +243,9 @@ impl Drop for Released<'_> {
 
 /// Takes connections on a thread of its own: the first while the server is
 /// free goes to the server (marked as served before it is handed over, so a
-/// second one right behind it is refused, not queued); any other is told
-/// the server is busy. The thread outlives the server's loop and ends with
-/// the process.
+/// second one right behind it is not queued); any other waits a moment for
+/// the server, then is told that it is busy (see [`wait_or_refuse`]). The
+/// thread outlives the server's loop and ends with the process.
 fn accept_clients(
     listener: TcpListener,
     listen: String,
@@ -260,12 +277,10 @@ fn accept_clients(
                         return;
                     }
                 }
-                Some((m, other)) => {
-                    eprintln!("emx-bench: client {n} ({peer}) refused: busy with client {m}");
-                    let why =
-                        format!("busy with another client ({other}); try again when its run ends");
-                    // Off this thread: the refusal waits for the client's hello.
-                    std::thread::spawn(move || refuse(stream, &why));
+                Some(_) => {
+                    // Off this thread, which goes on taking connections.
+                    let (serving, tx) = (serving.clone(), tx.clone());
+                    std::thread::spawn(move || wait_or_refuse(n, peer, stream, &serving, &tx));
                 }
             }
         }
@@ -273,16 +288,45 @@ fn accept_clients(
     rx
 }
 
-/// Answers a client's hello with `why` and closes. The hello is read first
-/// (for a few seconds at most): closing with it unread would reset the
-/// connection, and the client could lose the answer.
-fn refuse(stream: TcpStream, why: &str) {
-    let _ = stream.set_read_timeout(Some(HELLO_WITHIN));
-    let Ok(read) = stream.try_clone() else { return };
-    let mut line = String::new();
-    let _ = BufReader::new(read).read_line(&mut line);
-    let _ = send_answer(&mut &stream, &Answer::Failed(why.to_string()));
+/// A client that came while another is served: it is handed to the server
+/// if the server is free within [`GRACE`] (the other client is ending; a
+/// client that died leaves its echo thread a moment to stop), or told that
+/// the server is busy.
+fn wait_or_refuse(n: u64, peer: SocketAddr, stream: TcpStream, serving: &Serving, tx: &Clients) {
+    let t = Instant::now();
+    let other = loop {
+        {
+            let mut s = serving.lock().unwrap_or_else(|e| e.into_inner());
+            match *s {
+                None => {
+                    *s = Some((n, peer));
+                    drop(s);
+                    let _ = tx.send(Ok((n, peer, stream)));
+                    return;
+                }
+                Some(other) if t.elapsed() >= GRACE => break other,
+                Some(_) => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    eprintln!(
+        "emx-bench: client {n} ({peer}) refused: busy with client {}",
+        other.0
+    );
+    let why = format!(
+        "busy with another client ({}); try again when its run ends",
+        other.1
+    );
+    let _ = send_answer(&mut &stream, &Answer::Failed(why));
 }
+
+/// How long a client that comes while another is served waits for the
+/// server before it is refused.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// Clients taken, as the acceptor hands them to the server.
+type Clients = mpsc::Sender<Result<(u64, SocketAddr, TcpStream), String>>;
 
 /// How long a client may take from connecting to its hello.
 const HELLO_WITHIN: Duration = Duration::from_secs(30);
@@ -309,12 +353,15 @@ fn serve_client(
     let _ = stream.set_nodelay(true);
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let mut writer = stream;
+    send_answer(&mut writer, &Answer::Ready)?;
     let mut line = String::new();
     let read =
         |reader: &mut BufReader<TcpStream>, line: &mut String| -> Result<Option<Request>, String> {
             line.clear();
             match reader.read_line(line) {
+                // Closed, or reset (closed with our greeting unread): gone.
                 Ok(0) => Ok(None),
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => Ok(None),
                 Ok(_) => serde_json::from_str(line)
                     .map(Some)
                     .map_err(|e| format!("bad request: {e}")),
@@ -324,8 +371,8 @@ fn serve_client(
     // A connection that never says hello would hold the server forever.
     let _ = writer.set_read_timeout(Some(HELLO_WITHIN));
     let hello = match read(&mut reader, &mut line) {
-        Err(_) if line.is_empty() => Err(format!(
-            "no hello within {} s; dropped",
+        Err(e) if line.is_empty() => Err(format!(
+            "no hello within {} s ({e}); dropped",
             HELLO_WITHIN.as_secs()
         )),
         r => r,
@@ -373,7 +420,7 @@ fn serve_client(
     let result = loop {
         let req = match read(&mut reader, &mut line) {
             Ok(Some(r)) => r,
-            Ok(None) => break Ok(()),
+            Ok(None) => break Err("the client went away before its goodbye".into()),
             Err(e) => break Err(e),
         };
         let a = match req {

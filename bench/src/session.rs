@@ -27,7 +27,7 @@ use hdrhistogram::Histogram;
 
 use crate::chans::{channel, Chans};
 use crate::link::{End, Link, LinkKind, SideSpec, RAW};
-use crate::raw;
+use crate::raw::{self, Patience};
 use crate::report::Protocol;
 
 /// EtherType of raw benchmark frames (emx uses 0x88B5).
@@ -603,13 +603,7 @@ impl Session {
                 frame[..14].copy_from_slice(&self.raw_hdr);
                 let (port, queue) = self.chans.raw_ids();
                 let pool = self.pool.clone();
-                self.measure(pace, &mut hist, |_| {
-                    if raw::ping(port, queue, &pool, &frame) {
-                        Ok(true)
-                    } else {
-                        Err(format!("mempool `{}` exhausted", pool.name()))
-                    }
-                })?;
+                self.measure(pace, &mut hist, |_| raw::ping(port, queue, &pool, &frame))?;
             }
             Transport::Emx | Transport::EmxThread => {
                 let ep = usize::from(t == Transport::EmxThread);
@@ -683,16 +677,11 @@ impl Session {
         let mut burst: Burst = Burst::new();
         send_raw(tx, &mut burst, &self.pool, &self.raw_hdr, iter, size, per)?;
         let (mut got, mut bytes) = (0u32, 0usize);
-        let t = Instant::now();
         let mut inb: Burst = Burst::new();
-        let mut empty = 0u32;
+        let mut wait = Patience::new(raw::LOST_AFTER);
         while got < frames {
             if rx.rx_burst(&mut inb) == 0 {
-                // Reading the clock costs more than an empty poll (a vDSO
-                // call, slower still in a VM): look only now and then, so
-                // that the floor is not raised by its own timeout.
-                empty = empty.wrapping_add(1);
-                if empty % 1024 == 0 && t.elapsed() > Duration::from_millis(200) {
+                if wait.exhausted() {
                     return Ok(false);
                 }
                 continue;
@@ -1010,12 +999,23 @@ fn send_raw(
 ) -> Result<(), String> {
     let frames = raw_frames(size, per);
     let mut sent = 0u32;
+    let mut wait = Patience::new(raw::STUCK_AFTER);
     while sent < frames {
         while burst.room() > 0 && sent + (burst.len() as u32) < frames {
             let i = sent + burst.len() as u32;
             let _ = burst.push(raw_frame(pool, hdr, iter, i, raw_len(size, per, i))?);
         }
-        sent += tx.tx_burst(burst) as u32;
+        match tx.tx_burst(burst) {
+            0 if wait.exhausted() => {
+                burst.clear();
+                return Err(raw::STUCK.into());
+            }
+            0 => {}
+            n => {
+                sent += n as u32;
+                wait.reset();
+            }
+        }
     }
     Ok(())
 }
@@ -1074,13 +1074,19 @@ impl Echo {
         loop {
             let g = self.ctl.gen.load(Ordering::Acquire);
             if g != seen {
-                // Finish the previous command, then take the next.
-                for s in self.chans.sides() {
-                    s.quiesce()?;
+                // Finish the previous command, then take the next. Not when
+                // the next is to stop: the engines go with the thread, and a
+                // pinger that went away (a client killed mid-run) would hold
+                // the sends' acknowledgements, and the thread, for 30 s.
+                let next = *self.ctl.cmd.lock().expect("control lock");
+                if next != Cmd::Stop {
+                    for s in self.chans.sides() {
+                        s.quiesce()?;
+                    }
                 }
                 seen = g;
                 gen = g;
-                cmd = *self.ctl.cmd.lock().expect("control lock");
+                cmd = next;
                 cur = (0, 0);
                 for a in [
                     &self.ctl.bytes,
@@ -1140,7 +1146,11 @@ impl Echo {
                             let mut m = m;
                             let d = m.data_mut().map_err(|e| e.to_string())?;
                             d[..14].copy_from_slice(&self.hdr);
+                            let mut wait = Patience::new(raw::STUCK_AFTER);
                             while let Err(back) = tx.tx_one(m) {
+                                if wait.exhausted() {
+                                    return Err(raw::STUCK.into());
+                                }
                                 m = back;
                             }
                             cur.1 = 0;

@@ -339,13 +339,18 @@ impl Log {
 
     /// Waits (a minute at most) for the server to say `what` of client `n`.
     fn expect(&mut self, n: u32, what: &str) {
+        self.expect_within(n, what, Duration::from_secs(60));
+    }
+
+    /// Waits (`limit` at most) for the server to say `what` of client `n`.
+    fn expect_within(&mut self, n: u32, what: &str, limit: Duration) {
         let said =
             |l: &String| l.starts_with(&format!("emx-bench: client {n} (")) && l.ends_with(what);
         if self.seen.iter().any(said) {
             return;
         }
         let t = Instant::now();
-        while let Some(left) = Duration::from_secs(60).checked_sub(t.elapsed()) {
+        while let Some(left) = limit.checked_sub(t.elapsed()) {
             match self.lines.recv_timeout(left) {
                 Ok(l) => {
                     let found = said(&l);
@@ -358,7 +363,7 @@ impl Log {
             }
         }
         panic!(
-            "the server never said `{what}` of client {n}: {:#?}",
+            "the server did not say `{what}` of client {n} within {limit:?}: {:#?}",
             self.seen
         );
     }
@@ -368,7 +373,7 @@ impl Log {
 /// latency and bibw sweep at two sizes, every transport), checks the client's
 /// report. With `once`, the server ends by itself after that client. Without
 /// it, a connection that never says hello holds the server first, and a
-/// client that comes meanwhile is refused at once as busy; then the server
+/// client that comes meanwhile is refused as busy (after a grace); then the server
 /// serves two clients one after the other on the same port, and is still
 /// running afterwards, until it is stopped.
 fn two_processes(server_args: &[&str], client_args: &[&str], once: bool) -> Value {
@@ -461,6 +466,94 @@ fn memif_between_two_processes() {
     let sock = format!("/tmp/emx-bench-test-{}.sock", std::process::id());
     let link = ["--link", "memif", "--socket", &sock];
     two_processes(&link, &link, false);
+}
+
+/// A side that dies mid-run does not take the other with it. The server
+/// serves the next client at once after one is killed in its emx round trips
+/// (its echo thread used to wait 30 s for acknowledgements from the dead
+/// pinger), and a client whose server is killed while it sends 1 MiB raw
+/// messages ends with an error within seconds (it used to retry a link that
+/// took no frames forever).
+#[test]
+fn two_processes_survive_each_others_death() {
+    let sock = format!("/tmp/emx-bench-kill-{}.sock", std::process::id());
+    let addr = format!("127.0.0.1:{}", 20_000 + (std::process::id() + 7) % 20_000);
+    let link = ["--link", "memif", "--socket", &sock];
+    let spawn = |args: &[&str]| {
+        Command::new(BIN)
+            .args(link)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let long_client = |transport: &str, size: &str| {
+        spawn(&[
+            "--role",
+            "client",
+            "--server",
+            &addr,
+            "--test",
+            "latency",
+            "--sizes",
+            size,
+            "--transports",
+            transport,
+            "--rounds",
+            "1",
+            "--time-ms",
+            "20000",
+            "--quiet",
+        ])
+    };
+    let kill = |c: &std::process::Child| {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    };
+    let mut server = spawn(&["--role", "server", "--listen", &addr]);
+    let mut log = Log::of(&mut server);
+
+    let mut client = long_client("emx", "8");
+    log.expect(1, " connected");
+    // Into its round trips.
+    std::thread::sleep(Duration::from_millis(1500));
+    kill(&client);
+    client.wait().unwrap();
+    log.expect_within(1, "went away before its goodbye", Duration::from_secs(10));
+    let mut args = link.to_vec();
+    args.extend(["--role", "client", "--server", &addr]);
+    args.extend([
+        "--test",
+        "latency",
+        "--sizes",
+        "8",
+        "--transports",
+        "raw,emx",
+    ]);
+    let rows = check_rows(&json(&args), "latency");
+    assert_eq!(sizes_of(&rows, "emx"), [8]);
+
+    let mut client = long_client("raw", "1M");
+    log.expect(3, " connected");
+    std::thread::sleep(Duration::from_millis(1500));
+    kill(&server);
+    server.wait().unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = client.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            kill(&client);
+            panic!("the client outlived its server by 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "a client without its server succeeded");
 }
 
 /// `--link devargs` takes any port DPDK probes; memif ones stand in for a NIC
