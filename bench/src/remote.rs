@@ -250,7 +250,7 @@ fn accept_clients(
     listener: TcpListener,
     listen: String,
     serving: Serving,
-) -> mpsc::Receiver<Result<(u64, SocketAddr, TcpStream), String>> {
+) -> mpsc::Receiver<Taken> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut n = 0u64;
@@ -325,8 +325,12 @@ fn wait_or_refuse(n: u64, peer: SocketAddr, stream: TcpStream, serving: &Serving
 /// server before it is refused.
 const GRACE: Duration = Duration::from_secs(2);
 
-/// Clients taken, as the acceptor hands them to the server.
-type Clients = mpsc::Sender<Result<(u64, SocketAddr, TcpStream), String>>;
+/// A client taken (its number, address and connection), as the acceptor
+/// hands it to the server, or why the acceptor stopped.
+type Taken = Result<(u64, SocketAddr, TcpStream), String>;
+
+/// Where the acceptor hands clients to the server.
+type Clients = mpsc::Sender<Taken>;
 
 /// How long a client may take from connecting to its hello.
 const HELLO_WITHIN: Duration = Duration::from_secs(30);
