@@ -1100,20 +1100,20 @@ impl Endpoint {
             Mode::Inline(d) => {
                 let now = self.clock.now();
                 let core = d.core(0);
-                to_core(&mut *core, now, buf, req.0)
-                    .map(|id| {
+                match to_core(&mut *core, now, buf, req.0) {
+                    Ok(id) => {
                         // A message with nothing ahead of it and nothing in
                         // flight leaves now, not at the next progress call:
-                        // computing after `isend` does not hold it back. Others
-                        // wait for that call and leave together (packed).
-                        (id, !id.is_recv() && core.send_goes_alone(id))
-                    })
-                    .map(|(id, alone)| {
-                        if alone {
+                        // computing after `isend` does not hold it back.
+                        // Others wait for that call and leave together
+                        // (packed).
+                        if !id.is_recv() && core.send_goes_alone(id) {
                             d.flush(now);
                         }
-                        Some(id)
-                    })
+                        Ok(Some(id))
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Mode::Thread => self
                 .push_cmd(to_cmd(req, buf))
