@@ -1130,11 +1130,12 @@ impl Echo {
                     raw::echo_step(port, queue);
                 }
                 Cmd::RawPong { size, per } => {
-                    let frames = raw_frames(size, per);
                     let (rx, tx) = self.chans.raw();
                     if rx.rx_burst(&mut inb) == 0 {
                         continue;
                     }
+                    // Not on an empty poll: the floor's echo spins on those.
+                    let frames = raw_frames(size, per);
                     for m in inb.drain() {
                         let Some(it) = frame_iter(&m) else { continue };
                         if it != cur.0 {
