@@ -402,18 +402,14 @@ fn resent(o: &mut String, rows: &[Row]) {
             [] => {}
             [(r, p)] => line(o, r, p),
             _ => {
-                let n = |f: fn(u64, u64) -> u64| {
-                    few.iter()
-                        .map(|(_, p)| p.retransmits)
-                        .fold(few[0].1.retransmits, f)
-                };
+                let counts = || few.iter().map(|(_, p)| p.retransmits);
                 let most = few.iter().map(|(_, p)| share(p)).fold(0.0, f64::max);
                 let _ = writeln!(
                     o,
                     "  {test:?} {}: {}-{} frames at {} of {} sizes (at most {:.3}% of a size's frames)",
                     transport.label(),
-                    n(u64::min),
-                    n(u64::max),
+                    counts().min().expect("two or more"),
+                    counts().max().expect("two or more"),
                     few.len(),
                     sizes,
                     100.0 * most
