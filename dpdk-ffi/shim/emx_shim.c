@@ -1,23 +1,203 @@
 #include <dlfcn.h>
+#include <linux/membarrier.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <rte_interrupts.h>
+#include <rte_pause.h>
 
 #include "emx_shim.h"
 
 int rte_errno_(void) { return rte_errno; }
 unsigned rte_lcore_id_(void) { return rte_lcore_id(); }
 
+/*
+ * The unmap guard.
+ *
+ * When a memif peer goes away (its process killed, say), DPDK 22.11's memif
+ * driver tears the connection down on the EAL interrupt thread: it marks the
+ * port disconnected, then unmaps the shared regions and frees their
+ * descriptors. Nothing holds off a burst that checked the port connected just
+ * before and is still copying frames: it reads unmapped memory and the whole
+ * process dies of SIGSEGV (measured here: a raw 1 MiB ping-pong between two
+ * processes crashed about one kill of the peer in four, on either side).
+ *
+ * The guard makes the unmap wait for those bursts. Each thread marks its
+ * bursts in a slot of its own (an odd count while inside one, two plain
+ * stores a burst), and `munmap` called on the interrupt thread first waits
+ * until every thread that was inside a burst has left it. A burst that
+ * starts after the port was marked disconnected returns at once, so the wait
+ * is a burst long. The interrupt thread's stores and the bursts' marks are
+ * ordered by membarrier(2), which puts a full barrier on every thread of the
+ * process, so that the bursts need no fence of their own.
+ *
+ * DPDK's drivers are shared libraries: they reach this `munmap`, not libc's,
+ * because the executable exports it. GNU ld exports an executable's
+ * definition of any symbol that a shared library on its link line uses, and
+ * librte_eal, which every emx program links, uses munmap.
+ * emx_unmap_guarded() checks. In a static build the link resolves it here.
+ */
+
+#define EMX_BURST_SLOTS 256
+
+struct emx_burst_slot {
+	/* Odd while its thread is inside a burst. */
+	uint64_t seq;
+	/* Whether a live thread holds the slot. */
+	uint32_t taken;
+} __rte_cache_aligned;
+
+static struct emx_burst_slot emx_slots[EMX_BURST_SLOTS];
+/* Threads beyond the table count here, inside a burst or not. */
+static uint64_t emx_overflow_inside;
+static __thread struct emx_burst_slot *emx_my_slot
+	__attribute__((tls_model("initial-exec")));
+static pthread_key_t emx_slot_key;
+static pthread_once_t emx_slot_once = PTHREAD_ONCE_INIT;
+
+static void emx_slot_release(void *slot)
+{
+	__atomic_store_n(&((struct emx_burst_slot *)slot)->taken, 0,
+			 __ATOMIC_RELEASE);
+}
+
+static void emx_slot_key_init(void)
+{
+	(void)pthread_key_create(&emx_slot_key, emx_slot_release);
+}
+
+/* A slot for this thread, released when it exits; NULL if all are taken. */
+static struct emx_burst_slot *emx_slot_claim(void)
+{
+	unsigned i;
+
+	pthread_once(&emx_slot_once, emx_slot_key_init);
+	for (i = 0; i < EMX_BURST_SLOTS; i++) {
+		uint32_t free_ = 0;
+
+		if (__atomic_compare_exchange_n(&emx_slots[i].taken, &free_, 1,
+						0, __ATOMIC_ACQ_REL,
+						__ATOMIC_RELAXED)) {
+			emx_my_slot = &emx_slots[i];
+			(void)pthread_setspecific(emx_slot_key, emx_my_slot);
+			return emx_my_slot;
+		}
+	}
+	return NULL;
+}
+
+static inline struct emx_burst_slot *emx_burst_enter(void)
+{
+	struct emx_burst_slot *s = emx_my_slot;
+
+	if (unlikely(s == NULL)) {
+		s = emx_slot_claim();
+		if (s == NULL) {
+			__atomic_fetch_add(&emx_overflow_inside, 1,
+					   __ATOMIC_SEQ_CST);
+			return NULL;
+		}
+	}
+	__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELAXED);
+	/* The mark precedes the burst's reads (membarrier orders it for the
+	 * interrupt thread). */
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	return s;
+}
+
+static inline void emx_burst_leave(struct emx_burst_slot *s)
+{
+	if (unlikely(s == NULL)) {
+		__atomic_fetch_sub(&emx_overflow_inside, 1, __ATOMIC_SEQ_CST);
+		return;
+	}
+	/* The burst's reads precede the mark. */
+	__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
+}
+
+/* A full barrier on every thread of the process. */
+static void emx_barrier_all_threads(void)
+{
+	static int registered;
+
+	if (!registered &&
+	    syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+		    0, 0) == 0)
+		registered = 1;
+	if (registered &&
+	    syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+		return;
+	if (syscall(__NR_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0)
+		return;
+	/* No membarrier (an old kernel, a seccomp filter): a store buffer
+	 * drains in far less than this. */
+	usleep(1000);
+}
+
+/* Waits until every burst in progress when it was called has ended. */
+void emx_wait_for_bursts(void)
+{
+	unsigned i;
+
+	emx_barrier_all_threads();
+	for (i = 0; i < EMX_BURST_SLOTS; i++) {
+		uint64_t seq = __atomic_load_n(&emx_slots[i].seq,
+					       __ATOMIC_ACQUIRE);
+
+		if ((seq & 1) == 0)
+			continue;
+		while (__atomic_load_n(&emx_slots[i].seq, __ATOMIC_ACQUIRE) ==
+		       seq)
+			rte_pause();
+	}
+	while (__atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) != 0)
+		rte_pause();
+}
+
+int munmap(void *addr, size_t len)
+{
+	if (rte_thread_is_intr())
+		emx_wait_for_bursts();
+	return (int)syscall(SYS_munmap, addr, len);
+}
+
+int emx_unmap_guarded(void)
+{
+	return dlsym(RTLD_DEFAULT, "munmap") == (void *)munmap;
+}
+
+static __thread struct emx_burst_slot *emx_held;
+
+void emx_burst_hold(int inside)
+{
+	if (inside)
+		emx_held = emx_burst_enter();
+	else
+		emx_burst_leave(emx_held);
+}
+
 uint16_t rte_eth_rx_burst_(uint16_t port_id, uint16_t queue_id,
 			   struct rte_mbuf **rx_pkts, uint16_t nb_pkts)
 {
-	return rte_eth_rx_burst(port_id, queue_id, rx_pkts, nb_pkts);
+	struct emx_burst_slot *s = emx_burst_enter();
+	uint16_t n = rte_eth_rx_burst(port_id, queue_id, rx_pkts, nb_pkts);
+
+	emx_burst_leave(s);
+	return n;
 }
 
 uint16_t rte_eth_tx_burst_(uint16_t port_id, uint16_t queue_id,
 			   struct rte_mbuf **tx_pkts, uint16_t nb_pkts)
 {
-	return rte_eth_tx_burst(port_id, queue_id, tx_pkts, nb_pkts);
+	struct emx_burst_slot *s = emx_burst_enter();
+	uint16_t n = rte_eth_tx_burst(port_id, queue_id, tx_pkts, nb_pkts);
+
+	emx_burst_leave(s);
+	return n;
 }
 
 struct rte_mbuf *rte_pktmbuf_alloc_(struct rte_mempool *mp)

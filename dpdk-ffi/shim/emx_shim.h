@@ -25,7 +25,11 @@
 int rte_errno_(void);
 unsigned rte_lcore_id_(void);
 
-/* Ethernet device fast path. */
+/*
+ * Ethernet device fast path. The bursts mark themselves for the unmap guard
+ * (see emx_shim.c): a driver that unmaps a port's memory on the interrupt
+ * thread waits for the bursts in progress.
+ */
 uint16_t rte_eth_rx_burst_(uint16_t port_id, uint16_t queue_id,
 			   struct rte_mbuf **rx_pkts, uint16_t nb_pkts);
 uint16_t rte_eth_tx_burst_(uint16_t port_id, uint16_t queue_id,
@@ -67,5 +71,16 @@ void emx_flush_mempool_caches(void);
 void emx_quiet_bpf_logs(void);
 
 uint64_t rte_rdtsc_(void);
+
+/*
+ * 1 if DPDK's drivers unmap memory through the unmap guard (the executable
+ * exports `munmap`, or links the drivers statically), 0 if they reach libc's.
+ */
+int emx_unmap_guarded(void);
+
+/* What the guard's munmap waits with, and a burst's marks without the burst
+ * (`inside` 1: enter, 0: leave), for its tests. */
+void emx_wait_for_bursts(void);
+void emx_burst_hold(int inside);
 
 #endif
