@@ -161,6 +161,55 @@ fn inline_lone_send_leaves_in_isend() {
     drop((a, b, ea, eb));
 }
 
+/// A bounded wait returns `None` after its timeout, not before, and leaves
+/// the request to be waited on again.
+fn bounded_wait(mode: ProgressMode) {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut ea = Engine::start(&cfg(1, (2, mb), mode.clone()), ia).unwrap();
+    let mut eb = Engine::start(&cfg(2, (1, ma), mode), ib).unwrap();
+    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    let r = b
+        .irecv(Some(Addr::new(1, 0)), 7, !0, vec![0u8; 64])
+        .unwrap();
+    let other = b.irecv(None, 8, !0, vec![0u8; 64]).unwrap();
+    let timeout = Duration::from_millis(30);
+    let t = Instant::now();
+    assert!(b.wait_timeout(r, timeout).unwrap().is_none());
+    let waited = t.elapsed();
+    assert!(
+        waited >= timeout && waited < Duration::from_secs(5),
+        "waited {waited:?} for a {timeout:?} timeout"
+    );
+    let t = Instant::now();
+    assert!(b.wait_any_timeout(&[r, other], timeout).unwrap().is_none());
+    assert!(t.elapsed() >= timeout);
+    let s = a.isend(Addr::new(2, 0), 7, data(7, 64)).unwrap();
+    let (k, c) = loop {
+        a.progress();
+        if let Some(done) = b.wait_any_timeout(&[other, r], timeout).unwrap() {
+            break done;
+        }
+    };
+    assert_eq!(k, 1);
+    assert_eq!(c.into_recv().unwrap().0.as_ref(), data(7, 64).as_slice());
+    while a.test(s).unwrap().is_none() {
+        b.progress();
+    }
+    assert!(b.cancel(other).unwrap());
+    drop((a, b, ea, eb));
+}
+
+#[test]
+fn inline_bounded_wait() {
+    bounded_wait(ProgressMode::Inline);
+}
+
+#[test]
+fn polling_thread_bounded_wait() {
+    bounded_wait(thread_mode());
+}
+
 #[test]
 fn probe_cancel_and_stale_handles() {
     for mode in [ProgressMode::Inline, thread_mode()] {

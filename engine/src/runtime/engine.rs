@@ -953,6 +953,9 @@ impl<B> std::fmt::Display for Refused<B> {
 impl<B: std::fmt::Debug> std::error::Error for Refused<B> {}
 
 impl Endpoint {
+    /// Idle polls a wait makes on a polling thread's rings before it parks.
+    const THREAD_EAGER_SPINS: u32 = 2000;
+
     /// This endpoint's address.
     pub fn local(&self) -> Addr {
         self.local
@@ -1176,11 +1179,77 @@ impl Endpoint {
 
     /// Waits until one of `reqs` finishes; returns its index and completion.
     pub fn wait_any(&mut self, reqs: &[Request]) -> Result<(usize, Completed), Error> {
+        self.wait_until(reqs, None)
+            .map(|c| c.expect("a wait without a timeout ends with a completion"))
+    }
+
+    /// Waits for the request to finish, or for `timeout`: `None` when it is
+    /// still in flight then (the handle stays valid, to wait on again).
+    ///
+    /// A bounded wait lets a caller look elsewhere now and then (a control
+    /// connection, a stop flag) while its peer is slow or gone, before the
+    /// engine's own `peer_timeout` would end the request.
+    ///
+    /// ```no_run
+    /// # fn f(ep: &mut emx::runtime::Endpoint, req: emx::runtime::Request) -> Result<(), emx::runtime::Error> {
+    /// use std::time::Duration;
+    /// let done = loop {
+    ///     if let Some(c) = ep.wait_timeout(req, Duration::from_millis(500))? {
+    ///         break c;
+    ///     }
+    ///     // Still waiting: check whatever else may end the wait.
+    /// };
+    /// # let _ = done; Ok(()) }
+    /// ```
+    pub fn wait_timeout(
+        &mut self,
+        req: Request,
+        timeout: Duration,
+    ) -> Result<Option<Completed>, Error> {
+        let c = self.wait_until(std::slice::from_ref(&req), Some(timeout))?;
+        Ok(c.map(|(_, c)| c))
+    }
+
+    /// Waits until one of `reqs` finishes, or for `timeout`: `None` when none
+    /// has by then.
+    pub fn wait_any_timeout(
+        &mut self,
+        reqs: &[Request],
+        timeout: Duration,
+    ) -> Result<Option<(usize, Completed)>, Error> {
+        self.wait_until(reqs, Some(timeout))
+    }
+
+    /// The waits: until one of `reqs` finishes, or for at least `timeout`.
+    fn wait_until(
+        &mut self,
+        reqs: &[Request],
+        timeout: Option<Duration>,
+    ) -> Result<Option<(usize, Completed)>, Error> {
+        /// Loops between two reads of the clock in a bounded wait. The first
+        /// read starts the timeout, so that a wait that ends within a few
+        /// microseconds (the usual one) reads no clock at all.
+        const CLOCK_EVERY: u32 = 256;
         let mut spins = 0u32;
+        let mut polls = 0u32;
+        let mut deadline = None;
         loop {
             for (i, r) in reqs.iter().enumerate() {
                 if self.requests.is_done(*r)? {
-                    return Ok((i, self.requests.take_done(*r)));
+                    return Ok(Some((i, self.requests.take_done(*r))));
+                }
+            }
+            if let Some(t) = timeout {
+                polls = polls.wrapping_add(1);
+                // A parked wait sleeps between polls: read the clock each time.
+                let parks = matches!(self.mode, Mode::Thread) && spins >= Self::THREAD_EAGER_SPINS;
+                if polls % CLOCK_EVERY == 0 || parks {
+                    let now = self.clock.now();
+                    match deadline {
+                        None => deadline = Some(now + t),
+                        Some(d) if now >= d => return Ok(None),
+                        Some(_) => {}
+                    }
                 }
             }
             if self.progress() {
@@ -1202,7 +1271,7 @@ impl Endpoint {
             // frame that lands just after a poll waits for the next one.
             Mode::Inline(_) if *spins < INLINE_EAGER_SPINS => {}
             Mode::Inline(_) => std::hint::spin_loop(),
-            Mode::Thread if *spins < 2000 => std::hint::spin_loop(),
+            Mode::Thread if *spins < Self::THREAD_EAGER_SPINS => std::hint::spin_loop(),
             Mode::Thread => {
                 *self.shared.eps[self.ep]
                     .waiter
