@@ -53,6 +53,9 @@ enum Answer {
     Failed(String),
 }
 
+/// What a client says when its server is gone.
+const CLOSED: &str = "the server closed the control connection";
+
 /// The client's end of the control connection.
 pub struct Client {
     stream: TcpStream,
@@ -119,7 +122,10 @@ impl Client {
         self.stream
             .set_nonblocking(false)
             .and_then(|()| self.stream.write_all(&line))
-            .map_err(|e| format!("control connection: {e}"))?;
+            .map_err(|e| match e.kind() {
+                ErrorKind::BrokenPipe | ErrorKind::ConnectionReset => CLOSED.to_string(),
+                _ => format!("control connection: {e}"),
+            })?;
         self.answer(idle)
     }
 
@@ -141,7 +147,7 @@ impl Client {
             }
             let mut chunk = [0u8; 4096];
             match self.stream.read(&mut chunk) {
-                Ok(0) => return Err("the server closed the control connection".into()),
+                Ok(0) => return Err(CLOSED.into()),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     idle();
@@ -152,6 +158,23 @@ impl Client {
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(format!("control connection: {e}")),
             }
+        }
+    }
+
+    /// An error if the server closed the control connection (its process
+    /// ended, say); what it sent is left for the next answer.
+    pub(crate) fn check(&mut self) -> Result<(), String> {
+        let gone = || Err(CLOSED.to_string());
+        self.stream
+            .set_nonblocking(true)
+            .map_err(|e| e.to_string())?;
+        let mut one = [0u8; 1];
+        match self.stream.peek(&mut one) {
+            Ok(0) => gone(),
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => gone(),
+            Err(e) => Err(format!("control connection: {e}")),
         }
     }
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use dpdk_ffi::{Burst, Eal, ExtMem, HugepageMode, Mbuf, Mempool, RxQueue, TxQueue};
 use emx::proto::{Addr, PeerStats};
-use emx::runtime::ProgressMode;
+use emx::runtime::{Completed, Endpoint, ProgressMode, Request};
 use hdrhistogram::Histogram;
 
 use crate::chans::{channel, Chans};
@@ -317,17 +317,7 @@ pub(crate) fn await_switch(
 ) -> Result<(), String> {
     let t = Instant::now();
     while !ctl.switched(gen) {
-        match thread.take() {
-            Some(h) if h.is_finished() => {
-                return Err(match h.join() {
-                    Ok(Err(e)) => format!("the echo thread stopped: {e}"),
-                    Ok(Ok(())) => "the echo thread stopped".into(),
-                    Err(_) => "the echo thread panicked".into(),
-                })
-            }
-            None => return Err("the echo thread stopped".into()),
-            h => *thread = h,
-        }
+        check_echo(thread)?;
         drive();
         if t.elapsed() > Duration::from_secs(60) {
             return Err("the echo thread does not answer".into());
@@ -335,6 +325,46 @@ pub(crate) fn await_switch(
         std::thread::yield_now();
     }
     Ok(())
+}
+
+/// Whether the echo thread still runs: if it has stopped, joins it (it is
+/// gone afterwards) and returns why it stopped.
+fn check_echo(thread: &mut Option<EchoThread>) -> Result<(), String> {
+    match thread.take() {
+        Some(h) if h.is_finished() => Err(match h.join() {
+            Ok(Err(e)) => format!("the echo thread stopped: {e}"),
+            Ok(Ok(())) => "the echo thread stopped".into(),
+            Err(_) => "the echo thread panicked".into(),
+        }),
+        None => Err("the echo thread stopped".into()),
+        h => {
+            *thread = h;
+            Ok(())
+        }
+    }
+}
+
+/// How long an emx wait of the pinger goes between looks at the echo side:
+/// an echo side that is gone ends the measurement within about this, not
+/// after the engines' 30 s `peer_timeout`.
+const CHECK_ECHO_EVERY: Duration = Duration::from_millis(500);
+
+/// Waits on the pinger's endpoint `ep` until one of `reqs` finishes,
+/// checking now and then that the echo side (`control`) is still there.
+fn wait_any(
+    ep: &mut Endpoint,
+    reqs: &[Request],
+    control: &mut Control,
+) -> Result<(usize, Completed), String> {
+    loop {
+        if let Some(done) = ep
+            .wait_any_timeout(reqs, CHECK_ECHO_EVERY)
+            .map_err(|e| e.to_string())?
+        {
+            return Ok(done);
+        }
+        control.check()?;
+    }
 }
 
 /// The echo thread.
@@ -370,6 +400,17 @@ enum Control {
     },
     /// Another process (`--role server`), reached over TCP.
     Remote(crate::remote::Client),
+}
+
+impl Control {
+    /// An error if the echo side is gone: its thread stopped, or its process
+    /// closed the control connection.
+    fn check(&mut self) -> Result<(), String> {
+        match self {
+            Control::Local { thread, .. } => check_echo(thread),
+            Control::Remote(c) => c.check(),
+        }
+    }
 }
 
 impl Session {
@@ -705,6 +746,7 @@ impl Session {
 
     /// One emx round trip: send, post the reply's receive, wait for both.
     fn emx_ping(&mut self, ep: usize, tag: u64) -> Result<bool, String> {
+        let control = &mut self.control;
         let s = self.chans.side(ep);
         // isend, irecv, wait for both: a lone inline send leaves in isend,
         // and the receive for its echo is posted while it travels (the echo
@@ -716,9 +758,9 @@ impl Session {
         let (mut rdone, mut sdone) = (false, false);
         while !(rdone && sdone) {
             let (i, c) = match (rdone, sdone) {
-                (false, false) => s.ep.wait_any(&[r, x]).map_err(|e| e.to_string())?,
-                (false, true) => (0, s.ep.wait(r).map_err(|e| e.to_string())?),
-                _ => (1, s.ep.wait(x).map_err(|e| e.to_string())?),
+                (false, false) => wait_any(&mut s.ep, &[r, x], control)?,
+                (false, true) => (0, wait_any(&mut s.ep, &[r], control)?.1),
+                _ => (1, wait_any(&mut s.ep, &[x], control)?.1),
             };
             if i == 0 {
                 s.posted.pop_front();
@@ -798,6 +840,7 @@ impl Session {
         let mut inb: Burst = Burst::new();
         let end = Instant::now() + pace.warmup + pace.time;
         let mut n = 0u64;
+        let mut wait = Patience::new(raw::STUCK_AFTER);
         while Instant::now() < end && pace.max_iters.is_none_or(|m| n < m) {
             while burst.room() > 0 {
                 // A stream frame's index field holds its payload length, so
@@ -806,7 +849,14 @@ impl Session {
                 let _ = burst.push(m);
             }
             let (rx, tx) = self.chans.raw();
-            n += tx.tx_burst(&mut burst) as u64;
+            match tx.tx_burst(&mut burst) {
+                0 if wait.exhausted() => return Err(raw::STUCK.into()),
+                0 => {}
+                sent => {
+                    n += sent as u64;
+                    wait.reset();
+                }
+            }
             if bidir {
                 count_raw(rx, &mut inb, &mut got);
             }
@@ -844,6 +894,7 @@ impl Session {
             depth: window,
             back: bidir,
         })?;
+        let control = &mut self.control;
         let s = self.chans.side(ep);
         s.buffers(size, if bidir { 2 * window } else { window })?;
         let mut got = (Stream::default(), 0u64, 0u64);
@@ -874,7 +925,7 @@ impl Session {
                     if s.sends.len() >= window || !more {
                         // Full window: wait for the oldest (a polling thread
                         // may need this core, so wait parks).
-                        let c = s.ep.wait(front).map_err(|e| e.to_string())?;
+                        let (_, c) = wait_any(&mut s.ep, &[front], control)?;
                         s.sends.pop_front();
                         s.free
                             .push(c.into_send().map_err(|e| e.to_string())?.into());
