@@ -19,6 +19,11 @@ use emx::runtime::{
 use crate::link::{End, EMX_INLINE, EMX_THREAD, RAW};
 use crate::session::Transport;
 
+/// How long an emx wait goes between looks at the other side: a side that
+/// is gone ends the measurement within about this, not after the engines'
+/// 30 s `peer_timeout`.
+pub(crate) const CHECK_PEER_EVERY: Duration = Duration::from_millis(500);
+
 /// The channel a transport runs on.
 pub(crate) fn channel(t: Transport) -> usize {
     match t {
@@ -368,24 +373,48 @@ impl EmxSide {
 
     /// Ends a measurement: cancels the receives still posted and waits for
     /// every send (the peer is still answering).
-    pub(crate) fn quiesce(&mut self) -> Result<(), String> {
+    ///
+    /// Every [`CHECK_PEER_EVERY`] of waiting it calls `peer_there`, which
+    /// ends the wait with its error when the other side is known to be gone;
+    /// a peer that is there but does not answer ends it after 30 s.
+    pub(crate) fn quiesce(
+        &mut self,
+        peer_there: &mut dyn FnMut() -> Result<(), String>,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        for r in std::mem::take(&mut self.posted) {
+        let late = |left: usize, peer: Addr| {
+            format!("{left} emx requests with {peer:?} did not finish within 30 s")
+        };
+        let posted = std::mem::take(&mut self.posted);
+        for (i, &r) in posted.iter().enumerate() {
+            // Done at once unless it already matched a message that is
+            // still arriving.
             let _ = self.ep.cancel(r);
-            let c = self.ep.wait(r).map_err(|e| e.to_string())?;
+            let c = loop {
+                match self.ep.wait_timeout(r, CHECK_PEER_EVERY) {
+                    Ok(Some(c)) => break c,
+                    Ok(None) if Instant::now() > deadline => {
+                        return Err(late(posted.len() - i + self.sends.len(), self.peer))
+                    }
+                    Ok(None) => peer_there()?,
+                    Err(e) => return Err(e.to_string()),
+                }
+            };
             if let emx::runtime::Buf::Recv(b) = c.buf {
                 self.free.push(b.into());
             }
         }
+        let mut look = Instant::now() + CHECK_PEER_EVERY;
         while !self.sends.is_empty() {
             self.ep.progress();
             self.sends_done()?;
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{} emx sends to {:?} did not finish within 30 s",
-                    self.sends.len(),
-                    self.peer
-                ));
+            let now = Instant::now();
+            if now > deadline {
+                return Err(late(self.sends.len(), self.peer));
+            }
+            if now > look {
+                peer_there()?;
+                look = now + CHECK_PEER_EVERY;
             }
         }
         Ok(())

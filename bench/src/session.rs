@@ -25,7 +25,7 @@ use emx::proto::{Addr, PeerStats};
 use emx::runtime::{Completed, Endpoint, ProgressMode, Request};
 use hdrhistogram::Histogram;
 
-use crate::chans::{channel, Chans};
+use crate::chans::{channel, Chans, CHECK_PEER_EVERY};
 use crate::link::{End, Link, LinkKind, SideSpec, RAW};
 use crate::raw::{self, Patience};
 use crate::report::Protocol;
@@ -38,6 +38,8 @@ const RAW_HDR: usize = 14 + 8;
 const REGION: usize = 80 << 20;
 const PINGER: Addr = Addr::new(1, 0);
 const ECHO: Addr = Addr::new(2, 0);
+/// The echo thread's own word for "stopped while it waited".
+const STOPPED: &str = "stopped";
 
 /// A transport measured on the link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
@@ -344,11 +346,6 @@ fn check_echo(thread: &mut Option<EchoThread>) -> Result<(), String> {
     }
 }
 
-/// How long an emx wait of the pinger goes between looks at the echo side:
-/// an echo side that is gone ends the measurement within about this, not
-/// after the engines' 30 s `peer_timeout`.
-const CHECK_ECHO_EVERY: Duration = Duration::from_millis(500);
-
 /// Waits on the pinger's endpoint `ep` until one of `reqs` finishes,
 /// checking now and then that the echo side (`control`) is still there.
 fn wait_any(
@@ -358,7 +355,7 @@ fn wait_any(
 ) -> Result<(usize, Completed), String> {
     loop {
         if let Some(done) = ep
-            .wait_any_timeout(reqs, CHECK_ECHO_EVERY)
+            .wait_any_timeout(reqs, CHECK_PEER_EVERY)
             .map_err(|e| e.to_string())?
         {
             return Ok(done);
@@ -652,7 +649,8 @@ impl Session {
                 self.chans.side(ep).buffers(size, 2)?;
                 let before = self.chans.side(ep).peer_stats()?;
                 self.measure(pace, &mut hist, |s| s.emx_ping(ep, gen))?;
-                self.chans.side(ep).quiesce()?;
+                let control = &mut self.control;
+                self.chans.side(ep).quiesce(&mut || control.check())?;
                 self.count_protocol(ep, &before)?;
             }
             Transport::Udp | Transport::Tcp => {
@@ -968,7 +966,8 @@ impl Session {
                 std::thread::yield_now();
             }
         }
-        self.chans.side(ep).quiesce()?;
+        let control = &mut self.control;
+        self.chans.side(ep).quiesce(&mut || control.check())?;
         Ok(got)
     }
 
@@ -1131,8 +1130,18 @@ impl Echo {
                 // the sends' acknowledgements, and the thread, for 30 s.
                 let next = *self.ctl.cmd.lock().expect("control lock");
                 if next != Cmd::Stop {
+                    // Nor when a stop comes while it waits (the pinger went
+                    // away in the switch).
+                    let ctl = &self.ctl;
+                    let mut not_stopped = || match *ctl.cmd.lock().expect("control lock") {
+                        Cmd::Stop => Err(STOPPED.to_string()),
+                        _ => Ok(()),
+                    };
                     for s in self.chans.sides() {
-                        s.quiesce()?;
+                        match s.quiesce(&mut not_stopped) {
+                            Err(e) if e == STOPPED => return Ok(()),
+                            r => r?,
+                        }
                     }
                 }
                 seen = g;
