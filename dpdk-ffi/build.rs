@@ -79,8 +79,12 @@ fn main() {
     let mut shim = cc::Build::new();
     shim.file("shim/emx_shim.c")
         .define("ALLOW_EXPERIMENTAL_API", None)
+        // fopencookie(3), before `-include rte_config.h` pulls in libc headers
+        .define("_GNU_SOURCE", None)
         .opt_level(3)
-        .warnings(false);
+        .warnings(false)
+        // DPDK's headers warn; a function used undeclared must not pass.
+        .flag("-Werror=implicit-function-declaration");
     for f in &cflags {
         shim.flag(f);
     }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <rte_interrupts.h>
+#include <rte_log.h>
 #include <rte_pause.h>
 
 #include "emx_shim.h"
@@ -326,6 +327,18 @@ void emx_quiet_bpf_logs(void)
 {
 	emx_filter_prints("libbpf.so.1", "libbpf_set_print");
 	emx_filter_prints("libxdp.so.1", "libxdp_set_print");
+}
+
+int emx_log_through(emx_log_write write)
+{
+	cookie_io_functions_t io = { .write = write };
+	FILE *f = fopencookie(NULL, "w", io);
+
+	if (f == NULL)
+		return -1;
+	/* One write a message: DPDK flushes after each. */
+	setvbuf(f, NULL, _IOFBF, 4096);
+	return rte_openlog_stream(f);
 }
 
 uint64_t rte_rdtsc_(void) { return rte_rdtsc(); }

@@ -9,6 +9,7 @@
 #define EMX_SHIM_H
 
 #include <stdint.h>
+#include <sys/types.h>
 #include <rte_common.h>
 #include <rte_errno.h>
 #include <rte_eal.h>
@@ -69,6 +70,14 @@ void emx_flush_mempool_caches(void);
  * loads the drivers); where neither library is loaded it does nothing.
  */
 void emx_quiet_bpf_logs(void);
+
+/*
+ * Sends DPDK's log messages to `write` (with a NULL cookie) instead of its
+ * default stream: DPDK writes and flushes each message whole, so each call
+ * is one message (a longer one than 4 KiB comes in pieces). 0 or -1.
+ */
+typedef ssize_t (*emx_log_write)(void *cookie, const char *buf, size_t size);
+int emx_log_through(emx_log_write write);
 
 uint64_t rte_rdtsc_(void);
 

@@ -176,7 +176,7 @@ impl EalBuilder {
     /// been started (or a start was tried) in this process before.
     pub fn init(self) -> Result<Eal> {
         let (args, huge) = self.args()?;
-        Eal::init_args(args, huge)
+        Eal::init_args(args, huge, true)
     }
 }
 
@@ -195,10 +195,12 @@ impl Eal {
     {
         let args: Vec<String> = args.into_iter().map(Into::into).collect();
         let huge = !args.iter().any(|a| a == "--no-huge");
-        Self::init_args(args, huge)
+        Self::init_args(args, huge, false)
     }
 
-    fn init_args(args: Vec<String>, hugepages: bool) -> Result<Eal> {
+    /// Starts the EAL; `filter_logs`: leave out the warnings that the
+    /// builder's options make certain (see `log.rs`).
+    fn init_args(args: Vec<String>, hugepages: bool, filter_logs: bool) -> Result<Eal> {
         let cargs = args
             .iter()
             .map(|a| {
@@ -216,6 +218,9 @@ impl Eal {
                 FAILED => "started once (and that start failed)",
                 _ => "started and stopped",
             }));
+        }
+        if filter_logs {
+            crate::log::filter();
         }
         // The EAL keeps pointers into argv for the life of the process, and may
         // permute the array: both the strings and the array are leaked.

@@ -44,6 +44,7 @@ mod eal;
 mod error;
 mod extmem;
 mod guard;
+mod log;
 mod mbuf;
 mod mempool;
 mod port;
