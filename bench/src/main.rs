@@ -358,9 +358,10 @@ fn run(args: &Args) -> Result<(), String> {
     let threaded = rows.iter().any(|r| r.transport == Transport::EmxThread);
     if threaded && args.role.is_none() && cpus < 3 {
         notes.push(format!(
-            "emx-thread ran three busy threads (the pinger, its engine's polling thread and the \
-             echo) on {cpus} CPUs: they took turns at the OS scheduler's pace, so its figures \
-             measure that, not emx. Compare emx-thread on 3 CPUs or more."
+            "emx-thread ran three threads (the pinger, its engine's polling thread and the \
+             echo) on {cpus} CPUs: the pinger shares its CPU with the polling thread and parks \
+             while it waits, so each of its round trips includes two switches between threads \
+             by the OS scheduler. Compare emx-thread on 3 CPUs or more."
         ));
     }
     let report = Report {

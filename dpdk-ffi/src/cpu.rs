@@ -1,5 +1,6 @@
 //! CPU helpers for fast paths that DPDK programs write with intrinsics:
-//! copies that bypass the caches, and the fence that orders them.
+//! copies that bypass the caches, and the fence that orders them; and the CPU
+//! a thread runs on.
 
 /// Copies `src` into `dst` with non-temporal (streaming) stores where the CPU
 /// has them (x86_64): the whole 64-byte lines of `dst` are written around the
@@ -68,9 +69,35 @@ pub fn store_fence() {
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
+/// The CPU this thread runs on now (`sched_getcpu(3)`, a vDSO call), or
+/// `None` where the kernel does not say. The thread may move right after.
+#[inline]
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes nothing and touches no memory of ours.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn current_cpu_is_one_this_thread_may_use() {
+        let cpu = current_cpu().expect("sched_getcpu works on Linux");
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let list = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .expect("Cpus_allowed_list")
+            .trim();
+        // "0-3,8,10-11"
+        let allowed = list.split(',').any(|r| {
+            let (lo, hi) = r.split_once('-').unwrap_or((r, r));
+            (lo.parse().unwrap()..=hi.parse().unwrap()).contains(&cpu)
+        });
+        assert!(allowed, "CPU {cpu} not in {list}");
+    }
 
     #[test]
     fn streaming_copy_equals_an_ordinary_one_at_every_alignment_and_length() {

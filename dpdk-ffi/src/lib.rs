@@ -50,7 +50,7 @@ mod mempool;
 mod port;
 mod thread;
 
-pub use cpu::{copy_streaming, store_fence};
+pub use cpu::{copy_streaming, current_cpu, store_fence};
 pub use eal::{Eal, EalBuilder, HugepageMode};
 pub use error::{Errno, Error, Result};
 pub use extmem::{ExtBuf, ExtMem};

@@ -44,7 +44,7 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -415,6 +415,8 @@ struct EpShared {
     events: ArrayQueue<Event>,
     waiting: AtomicBool,
     waiter: Mutex<Option<Thread>>,
+    /// The CPU the waiter parked on (`usize::MAX`: not known).
+    waiter_cpu: AtomicUsize,
 }
 
 impl EpShared {
@@ -424,11 +426,13 @@ impl EpShared {
             events: ArrayQueue::new(ring),
             waiting: AtomicBool::new(false),
             waiter: Mutex::new(None),
+            waiter_cpu: AtomicUsize::new(usize::MAX),
         }
     }
 
-    /// Wakes the endpoint's thread if it parked waiting for events.
-    fn wake(&self, always: bool) {
+    /// Wakes the endpoint's thread if it parked waiting for events; returns
+    /// the CPU it parked on, when it woke one and the CPU is known.
+    fn wake(&self, always: bool) -> Option<usize> {
         if always || self.waiting.load(Ordering::Acquire) {
             if let Some(t) = self
                 .waiter
@@ -437,8 +441,11 @@ impl EpShared {
                 .as_ref()
             {
                 t.unpark();
+                let cpu = self.waiter_cpu.load(Ordering::Relaxed);
+                return (cpu != usize::MAX).then_some(cpu);
             }
         }
+        None
     }
 }
 
@@ -451,6 +458,8 @@ struct Shared {
     /// wakes it rather than leave the request waiting out the sleep.
     poller: std::sync::OnceLock<Thread>,
     poller_asleep: AtomicBool,
+    /// The CPU the polling thread is pinned to, if it is.
+    poller_core: Option<usize>,
 }
 
 impl Shared {
@@ -547,6 +556,10 @@ impl Engine {
             drain_until: Mutex::new(None),
             poller: std::sync::OnceLock::new(),
             poller_asleep: AtomicBool::new(false),
+            poller_core: match cfg.progress {
+                ProgressMode::Thread { core, .. } => core,
+                ProgressMode::Inline => None,
+            },
         });
         let driver: Box<dyn Drive> = Box::new(Driver::with_cores(cores, io));
         let mut engine = Engine {
@@ -624,6 +637,7 @@ impl Engine {
             reply: None,
             clock: self.clock,
             local: self.locals[ep],
+            eager_spins: Endpoint::THREAD_EAGER_SPINS,
         })
     }
 
@@ -838,6 +852,7 @@ fn poll_thread(
             file_completion(&mut ids, &mut backlog, ep, c);
         });
         let mut delivered = false;
+        let mut woke_here = false;
         for (ep, eps) in shared.eps.iter().enumerate() {
             let mut any = false;
             while let Some(e) = backlog[ep].pop_front() {
@@ -848,9 +863,15 @@ fn poll_thread(
                 any = true;
             }
             if any {
-                eps.wake(false);
+                let cpu = eps.wake(false);
+                woke_here |= cpu.is_some() && cpu == shared.poller_core;
                 delivered = true;
             }
+        }
+        if woke_here {
+            // The thread just woken parked on this CPU: let it run now
+            // rather than when this thread's time slice ends.
+            std::thread::yield_now();
         }
         if shared.state.load(Ordering::Acquire) != RUNNING {
             let until = shared
@@ -933,6 +954,9 @@ pub struct Endpoint {
     reply: Option<Event>,
     clock: Clock,
     local: Addr,
+    /// Idle polls the current wait makes on a polling thread's rings before
+    /// it parks (see [`Endpoint::idle`]).
+    eager_spins: u32,
 }
 
 /// A refused request: why, and the buffer back.
@@ -953,7 +977,12 @@ impl<B> std::fmt::Display for Refused<B> {
 impl<B: std::fmt::Debug> std::error::Error for Refused<B> {}
 
 impl Endpoint {
-    /// Idle polls a wait makes on a polling thread's rings before it parks.
+    /// Idle polls a wait makes on a polling thread's rings before it parks,
+    /// unless it runs on the CPU the polling thread is pinned to: then it
+    /// parks at once, since its spinning could only hold the polling thread
+    /// off that CPU (on 2 CPUs, emx-bench's pinger shares its CPU with its
+    /// polling thread, and an 8-byte round trip took 170-210 us, most of it
+    /// the pinger spinning before it let the polling thread run).
     const THREAD_EAGER_SPINS: u32 = 2000;
 
     /// This endpoint's address.
@@ -1242,7 +1271,7 @@ impl Endpoint {
             if let Some(t) = timeout {
                 polls = polls.wrapping_add(1);
                 // A parked wait sleeps between polls: read the clock each time.
-                let parks = matches!(self.mode, Mode::Thread) && spins >= Self::THREAD_EAGER_SPINS;
+                let parks = matches!(self.mode, Mode::Thread) && spins >= self.eager_spins;
                 if polls % CLOCK_EVERY == 0 || parks {
                     let now = self.clock.now();
                     match deadline {
@@ -1271,12 +1300,29 @@ impl Endpoint {
             // frame that lands just after a poll waits for the next one.
             Mode::Inline(_) if *spins < INLINE_EAGER_SPINS => {}
             Mode::Inline(_) => std::hint::spin_loop(),
-            Mode::Thread if *spins < Self::THREAD_EAGER_SPINS => std::hint::spin_loop(),
             Mode::Thread => {
+                if *spins == 1 {
+                    // The first idle poll of this wait, or since its last
+                    // event: spin first, unless on the polling thread's CPU.
+                    let here = dpdk_ffi::current_cpu();
+                    self.eager_spins = if here.is_some() && here == self.shared.poller_core {
+                        0
+                    } else {
+                        Self::THREAD_EAGER_SPINS
+                    };
+                }
+                if *spins < self.eager_spins {
+                    std::hint::spin_loop();
+                    return;
+                }
                 *self.shared.eps[self.ep]
                     .waiter
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+                self.shared.eps[self.ep].waiter_cpu.store(
+                    dpdk_ffi::current_cpu().unwrap_or(usize::MAX),
+                    Ordering::Relaxed,
+                );
                 self.shared.eps[self.ep]
                     .waiting
                     .store(true, Ordering::Release);
