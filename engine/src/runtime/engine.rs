@@ -981,7 +981,7 @@ impl Endpoint {
     /// unless it runs on the CPU the polling thread is pinned to: then it
     /// parks at once, since its spinning could only hold the polling thread
     /// off that CPU (on 2 CPUs, emx-bench's pinger shares its CPU with its
-    /// polling thread, and an 8-byte round trip took 170-210 us, most of it
+    /// polling thread, and an 8-byte round trip took 136-215 us, most of it
     /// the pinger spinning before it let the polling thread run).
     const THREAD_EAGER_SPINS: u32 = 2000;
 
