@@ -13,7 +13,8 @@ use dpdk_ffi::{Burst, ExtBuf, ExtMem, Mempool, RxQueue, TxQueue};
 use emx::io::DpdkIo;
 use emx::proto::Addr;
 use emx::runtime::{
-    Endpoint, Engine, EngineConfig, ProgressMode, ProtocolConfig, RecvBuf, Request, SendBuf,
+    Completed, Endpoint, Engine, EngineConfig, ProgressMode, ProtocolConfig, RecvBuf, Request,
+    SendBuf,
 };
 
 use crate::link::{End, EMX_INLINE, EMX_THREAD, RAW};
@@ -23,6 +24,24 @@ use crate::session::Transport;
 /// is gone ends the measurement within about this, not after the engines'
 /// 30 s `peer_timeout`.
 pub(crate) const CHECK_PEER_EVERY: Duration = Duration::from_millis(500);
+
+/// Waits on `ep` until one of `reqs` finishes, calling `check` after each
+/// [`CHECK_PEER_EVERY`] of waiting: its error ends the wait.
+pub(crate) fn wait_checked(
+    ep: &mut Endpoint,
+    reqs: &[Request],
+    check: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<(usize, Completed), String> {
+    loop {
+        if let Some(done) = ep
+            .wait_any_timeout(reqs, CHECK_PEER_EVERY)
+            .map_err(|e| e.to_string())?
+        {
+            return Ok(done);
+        }
+        check()?;
+    }
+}
 
 /// The channel a transport runs on.
 pub(crate) fn channel(t: Transport) -> usize {
@@ -390,16 +409,13 @@ impl EmxSide {
             // Done at once unless it already matched a message that is
             // still arriving.
             let _ = self.ep.cancel(r);
-            let c = loop {
-                match self.ep.wait_timeout(r, CHECK_PEER_EVERY) {
-                    Ok(Some(c)) => break c,
-                    Ok(None) if Instant::now() > deadline => {
-                        return Err(late(posted.len() - i + self.sends.len(), self.peer))
-                    }
-                    Ok(None) => peer_there()?,
-                    Err(e) => return Err(e.to_string()),
+            let left = posted.len() - i + self.sends.len();
+            let (_, c) = wait_checked(&mut self.ep, &[r], &mut || {
+                if Instant::now() > deadline {
+                    return Err(late(left, self.peer));
                 }
-            };
+                peer_there()
+            })?;
             if let emx::runtime::Buf::Recv(b) = c.buf {
                 self.free.push(b.into());
             }

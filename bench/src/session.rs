@@ -25,7 +25,7 @@ use emx::proto::{Addr, PeerStats};
 use emx::runtime::{Completed, Endpoint, ProgressMode, Request};
 use hdrhistogram::Histogram;
 
-use crate::chans::{channel, Chans, CHECK_PEER_EVERY};
+use crate::chans::{channel, Chans};
 use crate::link::{End, Link, LinkKind, SideSpec, RAW};
 use crate::raw::{self, Patience};
 use crate::report::Protocol;
@@ -353,15 +353,7 @@ fn wait_any(
     reqs: &[Request],
     control: &mut Control,
 ) -> Result<(usize, Completed), String> {
-    loop {
-        if let Some(done) = ep
-            .wait_any_timeout(reqs, CHECK_PEER_EVERY)
-            .map_err(|e| e.to_string())?
-        {
-            return Ok(done);
-        }
-        control.check()?;
-    }
+    crate::chans::wait_checked(ep, reqs, &mut || control.check())
 }
 
 /// The echo thread.
