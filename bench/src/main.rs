@@ -264,6 +264,10 @@ fn run(args: &Args) -> Result<(), String> {
         max_iters: args.iters,
     };
 
+    if let Some(path) = &args.plot {
+        // Checked before the measurements, not after a minute of them.
+        check_plot_path(path)?;
+    }
     // Before the session pins this thread to one core.
     let cpus = core_affinity::get_core_ids().map_or(0, |c| c.len());
     if args.once && args.role != Some(Role::Server) {
@@ -388,6 +392,34 @@ fn run(args: &Args) -> Result<(), String> {
     if let Some(path) = &args.plot {
         std::fs::write(path, report::svg(&report, &transports))
             .map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Refuses a `--plot` file that could not be written, or whose name says
+/// another image format: the chart is SVG.
+fn check_plot_path(path: &std::path::Path) -> Result<(), String> {
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    const OTHER_FORMATS: [&str; 10] = [
+        "png", "jpg", "jpeg", "gif", "webp", "bmp", "tif", "tiff", "pdf", "eps",
+    ];
+    if let Some(ext) = ext.filter(|e| OTHER_FORMATS.contains(&e.as_str())) {
+        return Err(format!(
+            "--plot writes SVG, not .{ext}: name the file .svg (`rsvg-convert -o plot.png plot.svg` makes a PNG of it)"
+        ));
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
+    if !existed {
+        // Only a probe: the file is written when the results are in.
+        let _ = std::fs::remove_file(path);
     }
     Ok(())
 }

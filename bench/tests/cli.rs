@@ -216,6 +216,25 @@ fn bad_options_name_the_fix() {
     let out = Command::new(BIN).args(["--once"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--role server"));
+    // A plot that cannot be written ends the run before it measures, not
+    // after (no table, no EAL started).
+    let missing = std::env::temp_dir().join(format!("emx-bench-no-dir-{}", std::process::id()));
+    let bad_plots = [
+        (missing.join("plot.svg"), "cannot write the plot"),
+        (std::env::temp_dir().join("plot.png"), "name the file .svg"),
+    ];
+    for (plot, says) in bad_plots {
+        let out = Command::new(BIN)
+            .args(["--test", "latency", "--plot"])
+            .arg(&plot)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{err}");
+        assert!(out.stdout.is_empty(), "measured first");
+        assert!(!err.contains("EAL"), "started DPDK first: {err}");
+    }
 }
 
 /// Namespaces of process `pid` that still exist.
