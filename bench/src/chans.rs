@@ -401,37 +401,33 @@ impl EmxSide {
         peer_there: &mut dyn FnMut() -> Result<(), String>,
     ) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let late = |left: usize, peer: Addr| {
-            format!("{left} emx requests with {peer:?} did not finish within 30 s")
+        let peer = self.peer;
+        // One request at a time, `left` of them still to finish.
+        let mut wait = |ep: &mut Endpoint, r: Request, left: usize| {
+            wait_checked(ep, &[r], &mut || {
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "{left} emx requests with {peer:?} did not finish within 30 s"
+                    ));
+                }
+                peer_there()
+            })
         };
         let posted = std::mem::take(&mut self.posted);
         for (i, &r) in posted.iter().enumerate() {
             // Done at once unless it already matched a message that is
             // still arriving.
             let _ = self.ep.cancel(r);
-            let left = posted.len() - i + self.sends.len();
-            let (_, c) = wait_checked(&mut self.ep, &[r], &mut || {
-                if Instant::now() > deadline {
-                    return Err(late(left, self.peer));
-                }
-                peer_there()
-            })?;
+            let (_, c) = wait(&mut self.ep, r, posted.len() - i + self.sends.len())?;
             if let emx::runtime::Buf::Recv(b) = c.buf {
                 self.free.push(b.into());
             }
         }
-        let mut look = Instant::now() + CHECK_PEER_EVERY;
-        while !self.sends.is_empty() {
-            self.ep.progress();
-            self.sends_done()?;
-            let now = Instant::now();
-            if now > deadline {
-                return Err(late(self.sends.len(), self.peer));
-            }
-            if now > look {
-                peer_there()?;
-                look = now + CHECK_PEER_EVERY;
-            }
+        while let Some(&s) = self.sends.front() {
+            let (_, c) = wait(&mut self.ep, s, self.sends.len())?;
+            self.sends.pop_front();
+            self.free
+                .push(c.into_send().map_err(|e| e.to_string())?.into());
         }
         Ok(())
     }
