@@ -63,12 +63,29 @@ impl Patience {
     }
 }
 
-/// One ping: allocate, fill, transmit (retrying while the ring is full),
-/// then spin until the pong arrives and free it. `Ok(false)` if no pong came
-/// within [`LOST_AFTER`]; an error if allocation failed or the link took
-/// nothing for [`STUCK_AFTER`].
+/// One ping numbered `iter`: allocate, fill (the number at bytes 14..18,
+/// where the echo leaves it), transmit (retrying while the ring is full),
+/// then spin until the pong with that number arrives, freeing what comes.
+/// `Ok(false)` if it did not come within [`LOST_AFTER`]; an error if
+/// allocation failed or the link took nothing for [`STUCK_AFTER`].
+///
+/// The number is what keeps a pong that came after its ping was counted
+/// lost from being taken by the next ping as its own, a sample of nearly
+/// nothing.
 #[inline(never)]
-pub fn ping(port: u16, queue: u16, pool: &Mempool, frame: &[u8]) -> Result<bool, String> {
+pub fn ping(
+    port: u16,
+    queue: u16,
+    pool: &Mempool,
+    frame: &[u8],
+    iter: u32,
+) -> Result<bool, String> {
+    if frame.len() < ITER_END {
+        return Err(format!(
+            "a ping frame of {} bytes has no room for its number",
+            frame.len()
+        ));
+    }
     // SAFETY: the pool is alive; port/queue are owned by this thread (see the
     // module docs); every mbuf is either handed to the driver or freed here.
     unsafe {
@@ -82,7 +99,9 @@ pub fn ping(port: u16, queue: u16, pool: &Mempool, frame: &[u8]) -> Result<bool,
             sys::rte_pktmbuf_free(m);
             return Err(format!("mempool `{}` exhausted", pool.name()));
         }
-        std::ptr::copy_nonoverlapping(frame.as_ptr(), p as *mut u8, frame.len());
+        let p = p as *mut u8;
+        std::ptr::copy_nonoverlapping(frame.as_ptr(), p, frame.len());
+        std::ptr::copy_nonoverlapping(iter.to_le_bytes().as_ptr(), p.add(ITER_AT), 4);
         let mut out = m;
         let mut wait = Patience::new(STUCK_AFTER);
         while sys::rte_eth_tx_burst(port, queue, &mut out, 1) == 0 {
@@ -96,13 +115,43 @@ pub fn ping(port: u16, queue: u16, pool: &Mempool, frame: &[u8]) -> Result<bool,
         loop {
             let n = sys::rte_eth_rx_burst(port, queue, inb.as_mut_ptr(), 32);
             if n > 0 {
+                let got = inb[..usize::from(n)]
+                    .iter()
+                    .any(|&m| iter_of(m) == Some(iter));
                 sys::rte_pktmbuf_free_bulk(inb.as_mut_ptr(), u32::from(n));
-                return Ok(true);
+                if got {
+                    return Ok(true);
+                }
             }
             if wait.exhausted() {
                 return Ok(false);
             }
         }
+    }
+}
+
+/// Where a ping's number lies in its frame (behind the Ethernet header), and
+/// where it ends.
+const ITER_AT: usize = 14;
+const ITER_END: usize = ITER_AT + 4;
+
+/// The number a received frame carries, if its first segment holds one.
+///
+/// # Safety
+/// `m` is a valid mbuf this thread holds.
+#[inline]
+unsafe fn iter_of(m: *mut sys::rte_mbuf) -> Option<u32> {
+    // SAFETY: (the caller's) `m` is valid; data_off + data_len lies within
+    // its first segment's buffer, and only bytes below data_len are read.
+    unsafe {
+        let m = &*m;
+        if usize::from(m.data_len) < ITER_END {
+            return None;
+        }
+        let d = (m.buf_addr as *const u8).add(usize::from(m.data_off) + ITER_AT);
+        Some(u32::from_le_bytes(std::ptr::read_unaligned(
+            d as *const [u8; 4],
+        )))
     }
 }
 

@@ -633,7 +633,11 @@ impl Session {
                 frame[..14].copy_from_slice(&self.raw_hdr);
                 let (port, queue) = self.chans.raw_ids();
                 let pool = self.pool.clone();
-                self.measure(pace, &mut hist, |_| raw::ping(port, queue, &pool, &frame))?;
+                let mut iter = 0u32;
+                self.measure(pace, &mut hist, |_| {
+                    iter = iter.wrapping_add(1);
+                    raw::ping(port, queue, &pool, &frame, iter)
+                })?;
             }
             Transport::Emx | Transport::EmxThread => {
                 let ep = usize::from(t == Transport::EmxThread);
