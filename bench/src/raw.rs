@@ -115,6 +115,7 @@ pub fn ping(
         loop {
             let n = sys::rte_eth_rx_burst(port, queue, inb.as_mut_ptr(), 32);
             if n > 0 {
+                // The n mbufs just received are valid and ours until freed.
                 let got = inb[..usize::from(n)]
                     .iter()
                     .any(|&m| iter_of(m) == Some(iter));
