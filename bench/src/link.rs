@@ -228,7 +228,8 @@ fn memif_listening(socket: &str) -> bool {
         })
 }
 
-/// A memif port with three queue pairs, sized for frames of `mtu`.
+/// A memif port with three queue pairs, sized for frames of `mtu` (dpdk-ffi
+/// gives memif ring buffers that hold a whole frame).
 fn memif_port(
     eal: &Eal,
     pool: &Mempool,
@@ -243,16 +244,9 @@ fn memif_port(
         mtu: Some(mtu),
         ..PortConfig::default()
     };
-    // memif's ring buffers hold 2048 bytes by default: size them for a whole
-    // jumbo frame, so that a frame is one descriptor.
-    let bsize = if mtu > 1500 {
-        format!(",bsize={}", (usize::from(mtu) + 14).next_power_of_two())
-    } else {
-        String::new()
-    };
     Port::from_devargs(
         eal,
-        &format!("net_memif{n},role={role},socket={sock}{bsize}"),
+        &format!("net_memif{n},role={role},socket={sock}"),
         &cfg,
         pool,
     )

@@ -273,6 +273,10 @@ pub struct LinkStats {
     pub rx_frames: u64,
     /// Bytes received.
     pub rx_bytes: u64,
+    /// Frames received in several segments (the pool's buffers are smaller
+    /// than the MTU's frames), read through a copy.
+    #[serde(default)]
+    pub rx_chained: u64,
     /// Frames the link took for transmission.
     pub tx_frames: u64,
     /// Bytes the link took for transmission.

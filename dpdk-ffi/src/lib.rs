@@ -57,7 +57,7 @@ pub use extmem::{ExtBuf, ExtMem};
 pub use guard::unmap_guarded;
 pub use mbuf::{Burst, Mbuf, BURST};
 pub use mempool::{Mempool, DEFAULT_DATA_ROOM};
-pub use port::{LinkStatus, Port, PortConfig, PortStats, RxQueue, TxQueue};
+pub use port::{LinkStatus, Port, PortConfig, PortStats, RxQueue, TxQueue, MEMIF_MAX_MTU};
 pub use thread::ThreadRegistration;
 
 /// The time-stamp counter, for timing fast paths (`rte_rdtsc`). On x86_64 it

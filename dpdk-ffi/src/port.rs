@@ -25,7 +25,9 @@ pub struct PortConfig {
     pub rx_desc: u16,
     /// Descriptors per transmit queue (the driver may round it).
     pub tx_desc: u16,
-    /// MTU in bytes, or the driver's default.
+    /// MTU in bytes, or the driver's default. It must fit the driver's
+    /// frame limit (memif: up to [`MEMIF_MAX_MTU`]); frames longer than the
+    /// pool's data room arrive chained where the driver can scatter.
     pub mtu: Option<u16>,
     /// Receive frames for any destination MAC.
     pub promiscuous: bool,
@@ -119,6 +121,10 @@ impl Port {
     /// Creates a device from devargs (`net_memif0,role=server,socket=/tmp/m.sock`,
     /// a PCI address, ...) and sets it up as [`Port::open`] does. A device that
     /// already exists (for example from `--vdev`) is opened, not created again.
+    ///
+    /// A memif device asked for an MTU whose frames outgrow memif's ring
+    /// buffers (`bsize`, 2048 bytes by default) gets a `bsize` that holds a
+    /// whole frame; see [`MEMIF_MAX_MTU`].
     pub fn from_devargs(
         eal: &Eal,
         devargs: &str,
@@ -126,6 +132,14 @@ impl Port {
         pool: &Mempool,
     ) -> Result<Port> {
         let name = devargs.split(',').next().unwrap_or_default().trim();
+        let sized;
+        let devargs = match memif_bsize(name, devargs, cfg.mtu)? {
+            Some(bsize) => {
+                sized = format!("{devargs},bsize={bsize}");
+                sized.as_str()
+            }
+            None => devargs,
+        };
         let cdev = CString::new(devargs).map_err(|_| Error::Devargs {
             devargs: devargs.into(),
             errno: Some(Errno(libc::EINVAL)),
@@ -201,6 +215,10 @@ impl Port {
             )));
         }
         let mut conf = sys::rte_eth_conf::default();
+        let chains = chains_long_frames(&info);
+        // An MTU beyond what the driver claims, on a driver that chains: the
+        // ethdev is configured within its claim and the port keeps the MTU.
+        let mut beyond_claim = None;
         if let Some(mtu) = cfg.mtu {
             if u32::from(mtu) > u32::from(info.max_mtu) || u32::from(mtu) < u32::from(info.min_mtu)
             {
@@ -209,20 +227,25 @@ impl Port {
                     inner.name, info.min_mtu, info.max_mtu
                 )));
             }
-            // Some drivers claim a larger max_mtu than the frames they take
-            // (memif in 22.11: max_rx_pktlen 1518); the frame size decides.
-            if u32::from(mtu) + 18 > info.max_rx_pktlen {
+            // Some drivers claim a larger max_mtu than the frames they take;
+            // the frame size decides.
+            let max_frame = if chains {
+                info.max_rx_pktlen
+                    .max(u32::from(MEMIF_MAX_MTU) + ETHER_OVERHEAD)
+            } else {
+                info.max_rx_pktlen
+            };
+            if u32::from(mtu) + ETHER_OVERHEAD > max_frame {
                 return Err(Error::Config(format!(
-                    "port {id} ({}) takes frames up to {} bytes, so an MTU of at most {}; asked for {mtu}",
+                    "port {id} ({}) takes frames up to {max_frame} bytes, so an MTU of at most {}; asked for {mtu}",
                     inner.name,
-                    info.max_rx_pktlen,
-                    info.max_rx_pktlen.saturating_sub(18)
+                    max_frame.saturating_sub(ETHER_OVERHEAD)
                 )));
             }
-            let frame = usize::from(mtu) + 18;
+            let frame = usize::from(mtu) + ETHER_OVERHEAD as usize;
             let room = usize::from(pool.data_room()) - sys::RTE_PKTMBUF_HEADROOM as usize;
             let scatter = info.rx_offload_capa & sys::RTE_ETH_RX_OFFLOAD_SCATTER != 0;
-            if frame > room && !scatter {
+            if frame > room && !scatter && !chains {
                 return Err(Error::Config(format!(
                     "MTU {mtu} needs {frame}-byte buffers but mempool `{}` has {room} and port {id} \
                      cannot scatter; create the pool with a data room of at least {}",
@@ -230,10 +253,16 @@ impl Port {
                     frame + sys::RTE_PKTMBUF_HEADROOM as usize
                 )));
             }
-            if frame > room {
+            if frame > room && scatter {
                 conf.rxmode.offloads |= sys::RTE_ETH_RX_OFFLOAD_SCATTER;
             }
-            conf.rxmode.mtu = u32::from(mtu);
+            if u32::from(mtu) + ETHER_OVERHEAD > info.max_rx_pktlen {
+                // Only a chaining driver gets here; it enforces no frame length.
+                beyond_claim = Some(mtu);
+                conf.rxmode.mtu = info.max_rx_pktlen.saturating_sub(ETHER_OVERHEAD);
+            } else {
+                conf.rxmode.mtu = u32::from(mtu);
+            }
         }
         if inner.multi_seg_tx {
             conf.txmode.offloads |= sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
@@ -275,7 +304,7 @@ impl Port {
         let mut mtu = 0u16;
         // SAFETY: valid port; mtu is writable.
         unsafe { sys::rte_eth_dev_get_mtu(id, &mut mtu) }.check("rte_eth_dev_get_mtu")?;
-        inner.mtu = mtu;
+        inner.mtu = beyond_claim.unwrap_or(mtu);
         Ok(Port(Arc::new(inner)))
     }
 
@@ -303,7 +332,8 @@ impl Port {
         self.0.mac
     }
 
-    /// The MTU in force.
+    /// The MTU in force: the driver's, or the one asked for on a memif port
+    /// whose driver claims less than it carries (see [`MEMIF_MAX_MTU`]).
     pub fn mtu(&self) -> u16 {
         self.0.mtu
     }
@@ -634,6 +664,69 @@ fn port_name(id: u16) -> String {
         .into_owned()
 }
 
+/// Ethernet header and CRC: what a frame adds to the MTU.
+const ETHER_OVERHEAD: u32 = 18;
+
+/// The largest MTU a memif port takes.
+///
+/// DPDK 22.11's memif reports a `max_rx_pktlen` of 1518 (`RTE_ETHER_MAX_LEN`),
+/// yet it carries longer frames: its receive chains mbufs when a frame
+/// outgrows one, and its ring buffers (`bsize` in the devargs) may be larger
+/// than 2048 bytes. The usual jumbo size is allowed; it is the one tested.
+///
+/// A frame must fit one ring buffer. memif's transmit would spread a longer
+/// one over chained buffers, but its copying path leaves the chain flag set
+/// on a buffer that later starts a frame, and that frame then arrives joined
+/// to stale bytes (seen here at MTU 9000 with the default 2048-byte buffers).
+/// [`Port::from_devargs`] therefore adds a `bsize` that holds a whole frame
+/// and refuses a smaller one. A port opened with [`Port::open`] from `--vdev`
+/// devargs must be given that `bsize` by whoever wrote them.
+pub const MEMIF_MAX_MTU: u16 = 9000;
+
+/// memif's ring buffer size when the devargs give none.
+const MEMIF_DEFAULT_BSIZE: u32 = 2048;
+
+/// For memif devargs (device `name`) asked for `mtu`: the `bsize` to add so
+/// that a frame fits one ring buffer, or `None` when the devargs need none.
+/// An explicit `bsize` too small for the frame is a configuration error.
+fn memif_bsize(name: &str, devargs: &str, mtu: Option<u16>) -> Result<Option<u32>> {
+    let Some(mtu) = mtu else { return Ok(None) };
+    if driver_name(name) != "net_memif" {
+        return Ok(None);
+    }
+    // memif frames carry no CRC: header and payload.
+    let frame = u32::from(mtu) + 14;
+    let given = devargs
+        .split(',')
+        .filter_map(|kv| kv.trim().strip_prefix("bsize="))
+        .next_back();
+    match given {
+        None if frame <= MEMIF_DEFAULT_BSIZE => Ok(None),
+        // A whole number of KiB: 9216 for MTU 9000.
+        None => Ok(Some(frame.div_ceil(1024) * 1024)),
+        Some(b) => match b.trim().parse::<u32>() {
+            Ok(b) if b >= frame => Ok(None),
+            _ => Err(Error::Config(format!(
+                "`{name}` has bsize={b}, but MTU {mtu} needs memif ring buffers of at least \
+                 {frame} bytes (memif corrupts frames split over several); raise bsize or leave \
+                 it out to have it sized for the MTU"
+            ))),
+        },
+    }
+}
+
+/// Whether the port's driver carries frames longer than its
+/// `max_rx_pktlen`, chaining buffers without asking for the scatter offload
+/// (memif: see [`MEMIF_MAX_MTU`]).
+fn chains_long_frames(info: &sys::rte_eth_dev_info) -> bool {
+    if info.driver_name.is_null() {
+        return false;
+    }
+    // SAFETY: a non-null driver name from rte_eth_dev_info_get is a static
+    // NUL-terminated string of the driver.
+    unsafe { CStr::from_ptr(info.driver_name) }.to_bytes() == b"net_memif"
+}
+
 /// `net_memif0` -> `net_memif`: the driver a vdev name asks for.
 fn driver_name(name: &str) -> &str {
     name.trim_end_matches(|c: char| c.is_ascii_digit())
@@ -679,4 +772,41 @@ pub(crate) fn format_mac(mac: &[u8; 6]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memif_bsize_holds_a_whole_frame() {
+        let m = "net_memif0,role=server,socket=/tmp/s";
+        // Frames that fit the default 2048-byte buffers need nothing.
+        assert_eq!(memif_bsize("net_memif0", m, None).unwrap(), None);
+        assert_eq!(memif_bsize("net_memif0", m, Some(1500)).unwrap(), None);
+        assert_eq!(memif_bsize("net_memif0", m, Some(2034)).unwrap(), None);
+        assert_eq!(
+            memif_bsize("net_memif0", m, Some(2035)).unwrap(),
+            Some(3072)
+        );
+        assert_eq!(
+            memif_bsize("net_memif0", m, Some(9000)).unwrap(),
+            Some(9216)
+        );
+        // Other drivers are left alone.
+        assert_eq!(
+            memif_bsize("net_ring0", "net_ring0", Some(9000)).unwrap(),
+            None
+        );
+        // A bsize given is kept when it holds the frame, refused when not.
+        let big = format!("{m},bsize=9014");
+        assert_eq!(memif_bsize("net_memif0", &big, Some(9000)).unwrap(), None);
+        for small in [format!("{m},bsize=2048"), format!("{m},bsize=x")] {
+            let err = memif_bsize("net_memif0", &small, Some(9000)).unwrap_err();
+            assert!(
+                matches!(&err, Error::Config(msg) if msg.contains("at least 9014 bytes")),
+                "{err}"
+            );
+        }
+    }
 }

@@ -3,7 +3,9 @@
 mod common;
 
 use common::*;
-use dpdk_ffi::{Eal, Error, HugepageMode, Mbuf, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
+use dpdk_ffi::{
+    Eal, Error, HugepageMode, Mbuf, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM, MEMIF_MAX_MTU,
+};
 
 #[test]
 fn bad_devargs_is_a_devargs_error() {
@@ -93,18 +95,40 @@ fn queue_has_one_owner_at_a_time_and_bounds() {
     assert!(matches!(a.tx_queue(0), Err(Error::Queue { queue: 0, .. })));
     drop((q, t));
     drop((a.rx_queue(0).unwrap(), a.tx_queue(0).unwrap()));
-    let err = Port::from_devargs(
-        &eal,
-        &format!("net_memif2,role=server,socket={}", socket("mtu")),
-        &PortConfig {
-            mtu: Some(9000),
-            ..PortConfig::default()
-        },
-        &pool,
+    let jumbo = |devargs: &str, mtu: u16| {
+        Port::from_devargs(
+            &eal,
+            devargs,
+            &PortConfig {
+                mtu: Some(mtu),
+                ..PortConfig::default()
+            },
+            &pool,
+        )
+    };
+    // memif claims 1518-byte frames but chains buffers: it takes jumbo MTUs
+    // on any pool, and no more than MEMIF_MAX_MTU.
+    let sock = socket("mtu");
+    let port = jumbo(&format!("net_memif2,role=server,socket={sock}"), 9000).unwrap();
+    assert_eq!(port.mtu(), MEMIF_MAX_MTU);
+    drop(port);
+    let err = jumbo(
+        &format!("net_memif3,role=server,socket={}", socket("mtu3")),
+        9001,
     )
     .unwrap_err();
     assert!(
-        matches!(err, Error::Config(_)),
-        "a 9000 MTU needs bigger buffers or scatter: {err:?}"
+        matches!(&err, Error::Config(m) if m.contains("an MTU of at most 9000")),
+        "memif's limit: {err:?}"
+    );
+    // Ring buffers smaller than a frame would split it: refused, not corrupted.
+    let err = jumbo(
+        &format!("net_memif3,role=server,socket={sock},bsize=2048"),
+        9000,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("raise bsize")),
+        "memif's buffers: {err:?}"
     );
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use dpdk_ffi::{Eal, ExtMem, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
+use dpdk_ffi::{Eal, ExtMem, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM, MEMIF_MAX_MTU};
 use emx::io::{DpdkIo, PacketIo};
 use emx::proto::{Addr, Completion, Core, CoreConfig, MacAddr};
 use emx::runtime::{Clock, Driver, RecvBuf, SendBuf};
@@ -16,32 +16,64 @@ fn pattern(i: usize, j: usize) -> u8 {
 
 #[test]
 fn memif_pair_inline_zero_copy_up_to_64_mib() {
+    exchange(None, DEFAULT_DATA_ROOM, DEFAULT_DATA_ROOM, 64 << 20);
+}
+
+/// Jumbo frames: memif claims 1518-byte frames but carries 9014-byte ones,
+/// and the protocol fills them. Each pool's buffers hold a whole frame.
+#[test]
+fn memif_pair_jumbo_whole_frames() {
+    exchange(Some(MEMIF_MAX_MTU), JUMBO_ROOM, JUMBO_ROOM, 16 << 20);
+}
+
+/// Jumbo frames into a receiver whose 2 KiB buffers cannot hold one: they
+/// arrive as mbuf chains, which the driver reads through a copy.
+#[test]
+fn memif_pair_jumbo_chained_receive() {
+    exchange(Some(MEMIF_MAX_MTU), JUMBO_ROOM, DEFAULT_DATA_ROOM, 16 << 20);
+}
+
+/// A data room for a 9018-byte frame and the headroom.
+const JUMBO_ROOM: u16 = 9216;
+
+/// Sends messages of 0 B up to `largest` from a port whose pool has
+/// `room_a`-byte buffers to one with `room_b`, at `mtu`, and checks them.
+fn exchange(mtu: Option<u16>, room_a: u16, room_b: u16, largest: usize) {
     let eal = Eal::builder().memory_mb(512).init().unwrap();
-    let pool = Mempool::new(&eal, "rt", 8191, 256, DEFAULT_DATA_ROOM).unwrap();
+    let pool_a = Mempool::new(&eal, "rt-a", 8191, 256, room_a).unwrap();
+    let pool_b = Mempool::new(&eal, "rt-b", 8191, 256, room_b).unwrap();
     let sock = format!("/tmp/emx-rt-{}.sock", std::process::id());
     let _ = std::fs::remove_file(&sock);
-    let cfg = PortConfig::default();
+    let cfg = PortConfig {
+        mtu,
+        ..PortConfig::default()
+    };
     let pa = Port::from_devargs(
         &eal,
         &format!("net_memif0,role=server,socket={sock}"),
         &cfg,
-        &pool,
+        &pool_a,
     )
     .unwrap();
     let pb = Port::from_devargs(
         &eal,
         &format!("net_memif1,role=client,socket={sock}"),
         &cfg,
-        &pool,
+        &pool_b,
     )
     .unwrap();
+    let mtu = usize::from(mtu.unwrap_or(1500));
+    assert_eq!(usize::from(pa.mtu()), mtu);
     pa.wait_link(Duration::from_secs(10)).unwrap();
     pb.wait_link(Duration::from_secs(10)).unwrap();
     let clock = Clock::new();
-    let mk = |port: &Port, node: u16, peer: &Port, peer_node: u16| {
-        let io = DpdkIo::new(port, 0, &pool).unwrap();
+    let mk = |port: &Port, pool: &Mempool, node: u16, peer: &Port, peer_node: u16| {
+        let io = DpdkIo::new(port, 0, pool).unwrap();
         let mut core = Core::new(
-            CoreConfig::default(),
+            CoreConfig {
+                mtu: io.max_frame() - 14,
+                ..CoreConfig::default()
+            },
             Addr::new(node, 0),
             MacAddr(io.mac()),
             1,
@@ -52,11 +84,11 @@ fn memif_pair_inline_zero_copy_up_to_64_mib() {
             .unwrap();
         Driver::new(core, io)
     };
-    let mut a = mk(&pa, 1, &pb, 2);
-    let mut b = mk(&pb, 2, &pa, 1);
+    let mut a = mk(&pa, &pool_a, 1, &pb, 2);
+    let mut b = mk(&pb, &pool_b, 2, &pa, 1);
 
-    let sizes = [0usize, 8, 1500, 40_000, 1 << 20, 64 << 20];
-    let region = ExtMem::new(&eal, 66 << 20).unwrap();
+    let sizes = [0usize, 8, 1500, 8000, 40_000, 1 << 20, largest];
+    let region = ExtMem::new(&eal, largest + (2 << 20)).unwrap();
     for (i, &len) in sizes.iter().enumerate() {
         b.core()
             .post_recv(
@@ -114,13 +146,26 @@ fn memif_pair_inline_zero_copy_up_to_64_mib() {
     let st = a.io_stats();
     let total: usize = sizes.iter().sum();
     assert!(
-        st.payload_attached as usize >= total - 1500 * 64,
+        st.payload_attached as usize >= total - mtu * 64,
         "payload attached, not copied: {st:?}"
+    );
+    // Frames as long as the MTU allows: 1 MiB in about 1 MiB / (mtu - 76).
+    let frames = st.tx_frames as usize;
+    assert!(
+        frames < total / (mtu - 200) + 1000,
+        "{frames} frames for {total} bytes at MTU {mtu}"
     );
     assert!(
         (st.payload_copied as usize) < 1 << 20,
         "only short tails are copied: {st:?}"
     );
+    // Frames longer than the receiver's buffers arrive chained, and only then.
+    let chained = b.io_stats().rx_chained;
+    if usize::from(room_b) < mtu + 14 + 128 {
+        assert!(chained > 1000, "{chained} chained frames");
+    } else {
+        assert_eq!(chained, 0);
+    }
     drop((a, b));
     assert_eq!(
         region.lent_bytes(),

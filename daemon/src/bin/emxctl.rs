@@ -410,9 +410,10 @@ fn print_stats(s: &Stats) {
         let l = &e.link;
         println!("endpoint {}", e.endpoint);
         println!(
-            "  link: rx {} frames ({}), tx {} frames ({}), tx full {}, payload copied {}, attached {}",
+            "  link: rx {} frames ({}, {} chained), tx {} frames ({}), tx full {}, payload copied {}, attached {}",
             l.rx_frames,
             bytes(l.rx_bytes),
+            l.rx_chained,
             l.tx_frames,
             bytes(l.tx_bytes),
             l.tx_full,

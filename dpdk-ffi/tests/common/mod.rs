@@ -88,11 +88,13 @@ pub fn mbuf_of(pool: &Mempool, bytes: &[u8]) -> Mbuf {
 }
 
 /// Sends `FRAMES` seeded frames from `tx` and checks that they arrive on `rx`
-/// byte-exact and in order, keeping at most `window` in flight.
-pub fn exchange(tx: &mut TxQueue, rx: &mut RxQueue, pool: &Mempool, mtu: u16, seed: u64) {
+/// byte-exact and in order, keeping at most `window` in flight. Returns the
+/// most segments a received frame came in.
+pub fn exchange(tx: &mut TxQueue, rx: &mut RxQueue, pool: &Mempool, mtu: u16, seed: u64) -> u16 {
     let mut sent_gen = Frames::new(seed, mtu);
     let mut check_gen = Frames::new(seed, mtu);
     let (mut sent, mut got) = (0u32, 0u32);
+    let mut most_segs = 0;
     let window = 256;
     let mut out: Burst = Burst::new();
     let mut inb: Burst = Burst::new();
@@ -114,7 +116,9 @@ pub fn exchange(tx: &mut TxQueue, rx: &mut RxQueue, pool: &Mempool, mtu: u16, se
             let have = m.to_vec();
             assert_eq!(have.len(), want.len(), "frame {got}: length");
             assert!(have == want, "frame {got}: content differs");
+            most_segs = most_segs.max(m.nb_segs());
             got += 1;
         }
     }
+    most_segs
 }

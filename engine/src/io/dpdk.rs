@@ -107,7 +107,10 @@ impl PacketIo for DpdkIo {
         let start = out.len();
         let n = self.rx.rx_into(out, max);
         self.stats.rx_frames += n as u64;
-        self.stats.rx_bytes += out[start..].iter().map(|m| m.pkt_len() as u64).sum::<u64>();
+        for m in &out[start..] {
+            self.stats.rx_bytes += m.pkt_len() as u64;
+            self.stats.rx_chained += u64::from(m.nb_segs() > 1);
+        }
         n
     }
 

@@ -264,6 +264,10 @@ pub struct IoStats {
     pub rx_frames: u64,
     /// Bytes received.
     pub rx_bytes: u64,
+    /// Frames received in several segments (a jumbo frame on buffers smaller
+    /// than it), which the driver reads through a copy: a larger pool data
+    /// room avoids it.
+    pub rx_chained: u64,
     /// Frames the link accepted for transmission.
     pub tx_frames: u64,
     /// Bytes the link accepted for transmission.

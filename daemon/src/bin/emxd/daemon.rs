@@ -242,6 +242,7 @@ impl Daemon {
                 link: LinkStats {
                     rx_frames: io.rx_frames,
                     rx_bytes: io.rx_bytes,
+                    rx_chained: io.rx_chained,
                     tx_frames: io.tx_frames,
                     tx_bytes: io.tx_bytes,
                     tx_full: io.tx_full,
