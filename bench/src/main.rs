@@ -115,9 +115,11 @@ struct Args {
     /// messages sent in a stream): for quick checks.
     #[arg(long)]
     iters: Option<u64>,
-    /// Link MTU: 1500, or up to 9000 for jumbo frames where the link allows.
-    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
-    mtu: u16,
+    /// Link MTU, up to 9000 (jumbo frames) where the link allows. By default
+    /// 9000 on the memif links (shared memory, with no wire MTU) and 1500 on
+    /// the others.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(576..=9000))]
+    mtu: Option<u16>,
     /// Hugepages: auto (when free ones exist), never (--no-huge) or require.
     #[arg(long, value_enum, default_value_t = Huge::Auto)]
     hugepages: Huge,
@@ -276,6 +278,7 @@ fn run(args: &Args) -> Result<(), String> {
     if !args.devargs.is_empty() && args.link != LinkKind::Devargs {
         return Err("--devargs goes with --link devargs".into());
     }
+    let mtu = args.mtu.unwrap_or(args.link.default_mtu());
     let side = match (args.link, args.devargs.as_slice()) {
         (LinkKind::Memif, _) => Some(link::SideSpec::Memif(args.socket.clone())),
         (LinkKind::Devargs, [one]) => Some(link::SideSpec::Devargs(one.clone())),
@@ -283,10 +286,10 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let mut session = match (args.link, args.role, side) {
         (_, Some(Role::Server), Some(side)) => {
-            return remote::serve(hugepages, args.mtu, &side, &args.listen, args.once)
+            return remote::serve(hugepages, mtu, &side, &args.listen, args.once)
         }
         (_, Some(Role::Client), Some(side)) => {
-            Session::connect(hugepages, args.mtu, &side, &args.server)?
+            Session::connect(hugepages, mtu, &side, &args.server)?
         }
         (LinkKind::Memif, None, _) => {
             return Err("--link memif joins two processes: start one with --role server, then one with --role client".into())
@@ -299,7 +302,7 @@ fn run(args: &Args) -> Result<(), String> {
         }
         (_, Some(_), _) => return Err("--role goes with --link memif or --link devargs".into()),
         (kind, None, _) => {
-            Session::start(kind, hugepages, args.mtu, args.pmd, &args.devargs)?
+            Session::start(kind, hugepages, mtu, args.pmd, &args.devargs)?
         }
     };
     let total: u64 = tests
@@ -497,7 +500,7 @@ fn measure(
     }
     match test {
         Test::Latency => {
-            if t == Transport::Ffi && size + 8 > usize::from(args.mtu) {
+            if t == Transport::Ffi && size + 8 > usize::from(s.mtu) {
                 return Err(Skip::Not("ffi measures one-frame messages only".into()));
             }
             s.latency(t, size, pace)

@@ -101,9 +101,9 @@ fn check_rows(report: &Value, test: &str) -> Vec<Value> {
             assert!(f(p, "retransmits") <= sent, "{r}");
             if test == "bandwidth" {
                 // Every message the receiver counted went out in whole
-                // frames (payload at most 1500 bytes each), warm-up besides.
+                // frames (payload at most the MTU each), warm-up besides.
                 let size = r["size"].as_f64().unwrap();
-                let least = f(&r["flow"], "msgs") * (size / 1500.0).floor();
+                let least = f(&r["flow"], "msgs") * (size / f(report, "mtu")).floor();
                 assert!(sent >= least, "{r}");
             }
         } else {
@@ -128,6 +128,7 @@ fn latency_json() {
         assert_eq!(sizes_of(&rows, t), [0, 64, 4096, 102_400], "{t}");
     }
     assert_eq!(r["link"], "memif pair, one process");
+    assert_eq!(r["mtu"], 9000, "memif runs jumbo frames unless told");
     // A polling thread with the pinger and the echo needs a third CPU to mean
     // anything, and the report says so when it had fewer.
     let small = f(&r, "cpus") < 3.0;
@@ -143,7 +144,9 @@ fn latency_json() {
 
 #[test]
 fn bandwidth_json() {
-    let r = json(&["--test", "bandwidth", "--sizes", "64,64K"]);
+    // At Ethernet's MTU: more frames per message than the default's.
+    let r = json(&["--test", "bandwidth", "--sizes", "64,64K", "--mtu", "1500"]);
+    assert_eq!(r["mtu"], 1500);
     let rows = check_rows(&r, "bandwidth");
     for t in ["raw", "emx", "emx-thread"] {
         assert_eq!(sizes_of(&rows, t), [64, 65_536], "{t}");
