@@ -54,7 +54,7 @@
 //! name = "alpha"                  # unique, not a number, no whitespace (required)
 //! mac = "02:00:00:00:00:01"       # its port's MAC, or "auto" (required)
 //! port = "net_memif0,role=server,socket=/tmp/emx-memif.sock"  # PCI address or vdev devargs (required)
-//! mtu = 1500                      # link MTU [the driver's]
+//! mtu = 1500                      # link MTU [the driver's]; memif takes up to 9000
 //! cores = [1]                     # polling cores: a polling thread on the first; none: inline [[]]
 //! spin = false                    # never back off when idle (isolated core; needs cores) [false]
 //! endpoints = [0, 1]              # endpoint numbers; more than one needs cores [[0]]

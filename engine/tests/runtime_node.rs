@@ -10,6 +10,7 @@ fn node(toml_text: &str) -> NodeConfig {
     toml::from_str(toml_text).expect("valid node config")
 }
 
+/// Jumbo frames, as memif takes them: the node sizes its pool for them.
 #[test]
 fn two_nodes_from_toml_over_memif() {
     let sock = format!("/tmp/emx-node-{}.sock", std::process::id());
@@ -21,6 +22,7 @@ fn two_nodes_from_toml_over_memif() {
         memory_mb = 256
         [link]
         devargs = "net_memif0,role=server,socket={sock},mac=02:aa:00:00:00:01"
+        mtu = 9000
         [engine]
         node = 1
         progress = {{ mode = "thread" }}
@@ -34,6 +36,7 @@ fn two_nodes_from_toml_over_memif() {
         r#"
         [link]
         devargs = "net_memif1,role=client,socket={sock},mac=02:aa:00:00:00:02"
+        mtu = 9000
         [engine]
         node = 2
         peers = [{{ node = 1, mac = "02:aa:00:00:00:01" }}]
@@ -57,6 +60,8 @@ fn two_nodes_from_toml_over_memif() {
     });
     let mut na = start_node_on(&eal, &a.link, &a.engine).unwrap();
     let mut nb = tb.join().unwrap();
+    assert_eq!((na.port.mtu(), nb.port.mtu()), (9000, 9000));
+    assert!(na.pool.data_room() >= 9000 + 18 + 128);
     let (mut ea, mut eb) = (na.engine.endpoint().unwrap(), nb.engine.endpoint().unwrap());
     let r = eb.irecv(None, 5, u64::MAX, vec![0u8; 100_000]).unwrap();
     let s = ea.isend(Addr::new(2, 0), 5, vec![3u8; 100_000]).unwrap();
@@ -71,6 +76,10 @@ fn two_nodes_from_toml_over_memif() {
         }
         eb.progress();
     }
+    // 100 kB in frames of 8.9 kB, each whole in one mbuf.
+    let (_, st) = eb.stats(Addr::new(1, 0)).unwrap();
+    assert!(st.rx_frames < 40, "{st:?}");
+    assert_eq!(st.rx_chained, 0);
     drop((ea, eb, na, nb));
 }
 
