@@ -256,11 +256,6 @@ pub struct Session {
     _eal: Eal,
 }
 
-/// An mbuf data room that holds a whole frame of this MTU in one segment.
-fn data_room(mtu: u16) -> u16 {
-    dpdk_ffi::DEFAULT_DATA_ROOM.max(mtu.saturating_add(18 + 128))
-}
-
 /// The echo side of the channels `b` (raw on the first, emx on the next
 /// two), answering the pinger whose ports have the MACs `a_macs`: a thread
 /// pinned to `core`, and the engines it drives.
@@ -367,7 +362,7 @@ pub(crate) fn start_eal(hugepages: HugepageMode, mtu: u16) -> Result<(Eal, Mempo
         .hugepages(hugepages)
         .init()
         .map_err(|e| e.to_string())?;
-    let room = data_room(mtu);
+    let room = dpdk_ffi::data_room_for_mtu(mtu);
     let mbufs = (32768 * usize::from(dpdk_ffi::DEFAULT_DATA_ROOM) / usize::from(room))
         .next_power_of_two()
         - 1;

@@ -13,6 +13,19 @@ use crate::sys;
 /// 1500-byte MTU frame in one segment.
 pub const DEFAULT_DATA_ROOM: u16 = sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16;
 
+/// The data room for frames of `mtu` in one segment: the frame (the MTU, the
+/// Ethernet header and CRC) and the headroom, and never less than
+/// [`DEFAULT_DATA_ROOM`].
+///
+/// ```
+/// use dpdk_ffi::{data_room_for_mtu, DEFAULT_DATA_ROOM};
+/// assert_eq!(data_room_for_mtu(1500), DEFAULT_DATA_ROOM);
+/// assert_eq!(data_room_for_mtu(9000), 9000 + 18 + 128);
+/// ```
+pub fn data_room_for_mtu(mtu: u16) -> u16 {
+    DEFAULT_DATA_ROOM.max(mtu.saturating_add(18 + sys::RTE_PKTMBUF_HEADROOM as u16))
+}
+
 /// A pool of packet mbufs (`rte_pktmbuf_pool_create`). Clones share the pool;
 /// it is freed when the last clone and every port using it are gone, and only
 /// if no mbuf of it is still out (otherwise it is leaked, never freed under a

@@ -229,34 +229,34 @@ impl Port {
             }
             // Some drivers claim a larger max_mtu than the frames they take;
             // the frame size decides.
+            let frame = u32::from(mtu) + ETHER_OVERHEAD;
             let max_frame = if chains {
                 info.max_rx_pktlen
                     .max(u32::from(MEMIF_MAX_MTU) + ETHER_OVERHEAD)
             } else {
                 info.max_rx_pktlen
             };
-            if u32::from(mtu) + ETHER_OVERHEAD > max_frame {
+            if frame > max_frame {
                 return Err(Error::Config(format!(
                     "port {id} ({}) takes frames up to {max_frame} bytes, so an MTU of at most {}; asked for {mtu}",
                     inner.name,
                     max_frame.saturating_sub(ETHER_OVERHEAD)
                 )));
             }
-            let frame = usize::from(mtu) + ETHER_OVERHEAD as usize;
-            let room = usize::from(pool.data_room()) - sys::RTE_PKTMBUF_HEADROOM as usize;
+            let room = u32::from(pool.data_room()) - sys::RTE_PKTMBUF_HEADROOM;
             let scatter = info.rx_offload_capa & sys::RTE_ETH_RX_OFFLOAD_SCATTER != 0;
             if frame > room && !scatter && !chains {
                 return Err(Error::Config(format!(
                     "MTU {mtu} needs {frame}-byte buffers but mempool `{}` has {room} and port {id} \
                      cannot scatter; create the pool with a data room of at least {}",
                     pool.name(),
-                    frame + sys::RTE_PKTMBUF_HEADROOM as usize
+                    frame + sys::RTE_PKTMBUF_HEADROOM
                 )));
             }
             if frame > room && scatter {
                 conf.rxmode.offloads |= sys::RTE_ETH_RX_OFFLOAD_SCATTER;
             }
-            if u32::from(mtu) + ETHER_OVERHEAD > info.max_rx_pktlen {
+            if frame > info.max_rx_pktlen {
                 // Only a chaining driver gets here; it enforces no frame length.
                 beyond_claim = Some(mtu);
                 conf.rxmode.mtu = info.max_rx_pktlen.saturating_sub(ETHER_OVERHEAD);

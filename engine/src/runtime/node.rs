@@ -150,10 +150,9 @@ pub fn start_node(cfg: &NodeConfig) -> Result<Node, Error> {
 pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Result<Node, Error> {
     let dpdk = |e: dpdk_ffi::Error| Error::Io(e.into());
     let name = format!("emx{}", engine.node);
-    let room = match link.mtu {
-        Some(mtu) if usize::from(mtu) + 18 + 128 > usize::from(DEFAULT_DATA_ROOM) => mtu + 18 + 128,
-        _ => DEFAULT_DATA_ROOM,
-    };
+    let room = link
+        .mtu
+        .map_or(DEFAULT_DATA_ROOM, dpdk_ffi::data_room_for_mtu);
     let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(dpdk)?;
     let pcfg = PortConfig {
         mtu: link.mtu,
