@@ -292,3 +292,63 @@ fn unexpected_store_is_bounded_and_senders_wait_on_credits() {
     assert_eq!(sim.core_ref(2).unexpected_bytes(), 0);
     assert!(sim.core_ref(2).stats().unexpected_high_water <= bound);
 }
+
+/// A stream of eager messages into posted receives is held only by the link, not by
+/// the receiver's delayed ack: a receiver gives the credit of a message that matched
+/// on arrival back at once when half the sender's credit has come back. (Before, the
+/// credit waited for `ack_every` frames or `ack_delay`, so a sender whose credit
+/// covered fewer frames than `ack_every` waited `ack_delay` per credit's worth.)
+#[test]
+fn matched_messages_give_their_credit_back_without_waiting_for_the_delayed_ack() {
+    const N: u64 = 160;
+    const LEN: usize = 4000;
+    let cfg = CoreConfig {
+        mtu: 9000,
+        max_peers: 4,
+        // 64 KiB of credit per peer: about 15 messages of 4000 bytes.
+        unexpected_bytes: 4 * 64 * 1024,
+        eager_threshold: 16 * 1024,
+        // Delayed acks that would hold each credit's worth back 150 us.
+        ack_delay: Duration::from_micros(150),
+        ack_every: 64,
+        ..CoreConfig::default()
+    };
+    assert!(
+        (cfg.peer_credit() / emx::proto::matching::eager_charge(LEN as u64)) < N / 8,
+        "the stream needs the credit back several times"
+    );
+    let link = LinkConfig {
+        latency: Duration::from_micros(5),
+        bandwidth_bps: 0,
+        ..LinkConfig::default()
+    };
+    let mut sim = make_sim(2, link, &cfg);
+    let now = sim.now();
+    for i in 0..N {
+        sim.core(1)
+            .post_recv(now, Some(addr(0)), i, !0, vec![0; LEN], i)
+            .unwrap();
+    }
+    for i in 0..N {
+        sim.core(0)
+            .send(now, addr(1), i, pattern(i, LEN), i)
+            .unwrap();
+    }
+    let start = sim.now();
+    await_exchange(&mut sim, start + Duration::from_secs(1), N, |k, r| {
+        let info = r.result.unwrap();
+        assert_eq!(info.match_bits, k, "in order");
+        assert!(r.buf == pattern(k, LEN));
+    });
+    let took = sim.now().0 - start.0;
+    let c = sim.core_ref(0);
+    let st = c.peer_stats(c.peer_id(addr(1)).unwrap()).unwrap();
+    assert!(st.credit_stalls > 0, "credit bounded the stream");
+    // About one round trip (10 us) per half credit: 160 messages in 20 of them.
+    // Waiting for delayed acks instead takes 11 x 160 us.
+    assert!(
+        took < 500_000,
+        "{N} messages took {took} ns with {} credit stalls",
+        st.credit_stalls
+    );
+}

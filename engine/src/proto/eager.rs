@@ -216,9 +216,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 };
                 let peer = &mut self.peers[p as usize];
                 peer.next_match = peer.next_match.wrapping_add(1);
-                peer.credit_released = peer
-                    .credit_released
-                    .wrapping_add(eager_charge(h.msg_len()) as u32);
+                self.return_credit(now, p, eager_charge(h.msg_len()));
                 self.complete_recv(r, Ok(info));
                 if open {
                     self.advance_matching(now, p);

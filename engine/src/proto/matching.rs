@@ -172,10 +172,18 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let p = msg.peer;
         let peer = &mut self.peers[p as usize];
         peer.held -= c;
-        peer.credit_released = peer.credit_released.wrapping_add(c as u32);
         self.held_total -= c;
-        // A sender may be waiting on this credit: tell it at once when a good part of its
-        // window came back, otherwise with the next (delayed) ack.
+        self.return_credit(now, p, c);
+    }
+
+    /// Gives `c` bytes of credit back to peer `p`. A sender may be waiting on it: tell
+    /// it at once when half its credit came back since the last frame that carried a
+    /// limit, otherwise with the next (delayed) ack. Without the first, a sender whose
+    /// credit runs out before the receiver's `ack_every` frames waits `ack_delay` for
+    /// every credit's worth of messages.
+    pub(crate) fn return_credit(&mut self, now: Time, p: u16, c: u64) {
+        let peer = &mut self.peers[p as usize];
+        peer.credit_released = peer.credit_released.wrapping_add(c as u32);
         let limit = peer.credit_released.wrapping_add(self.peer_credit as u32);
         if limit.wrapping_sub(peer.credit_advertised) as u64 >= self.peer_credit / 2 {
             peer.ack_now = true;
