@@ -233,9 +233,18 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             debug_assert!(false, "unexpected store exhausted despite credits");
             return;
         };
-        self.deliver_eager(m, h.frag_offset(), payload);
-        if h.msg_id() == self.peers[p as usize].next_match {
+        let matchable = h.msg_id() == self.peers[p as usize].next_match;
+        if matchable && (payload.len() as u64) < h.msg_len() {
+            // The first fragment of a message that spans frames: match it before its
+            // data lands, so that a posted receive gets the data straight away rather
+            // than through the store. (Nothing completes here: fragments are missing.)
             self.advance_matching(now, p);
+            self.deliver_eager(m, h.frag_offset(), payload);
+        } else {
+            self.deliver_eager(m, h.frag_offset(), payload);
+            if matchable {
+                self.advance_matching(now, p);
+            }
         }
     }
 
