@@ -202,7 +202,12 @@ fn keeps_working(sim: &mut TestSim, book: &mut Book, others: &[usize]) {
 /// Requests in every state at once: core 0 (A) with core 1 (B) and core 2 (C).
 #[test]
 fn abort_with_requests_in_every_state() {
-    let cfg = CoreConfig::default();
+    // 64 KiB of credit per peer, so that eager sends wait on it.
+    let cfg = CoreConfig {
+        unexpected_bytes: 64 * 64 * 1024,
+        ..CoreConfig::default()
+    };
+    assert_eq!(cfg.peer_credit(), 64 * 1024);
     let mut sim = make_sim(3, LinkConfig::default(), &cfg);
     let mut book = Book::default();
     // B pulls a 1 MiB rendezvous from A and A pulls one from B: both in progress at the

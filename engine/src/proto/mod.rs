@@ -285,7 +285,14 @@ pub struct CoreConfig {
     pub window: u32,
     /// Messages up to this many bytes go eager; longer ones use rendezvous.
     pub eager_threshold: u64,
-    /// Bytes of the unexpected-message store (split evenly among peers as credits).
+    /// Bytes of the unexpected-message store, split evenly among peers as credits
+    /// ([`peer_credit`](Self::peer_credit)). A peer's credit bounds the eager bytes it
+    /// has in flight to this receiver, matched or not, until an ack gives them back, so
+    /// it must cover the link's bandwidth times the time credit takes to come back. That
+    /// time includes the receiver's work on a whole receive burst before its ack leaves
+    /// (32 frames of 9 KiB at MTU 9000, 288 KiB). The default, 64 MiB, gives each of 64
+    /// peers 1 MiB: 32 eager messages of the largest size. The store's memory is
+    /// touched only as unexpected messages fill it.
     pub unexpected_bytes: u64,
     /// Most bytes one rendezvous pull asks for. The receiver rounds it down to a whole
     /// number of frame payloads ([`effective_pull_block`](Self::effective_pull_block)),
@@ -341,7 +348,7 @@ impl Default for CoreConfig {
             max_recvs: 1024,
             window: 64,
             eager_threshold: 32 * 1024,
-            unexpected_bytes: 4 << 20,
+            unexpected_bytes: 64 << 20,
             pull_block: 64 * 1024,
             pull_inflight: 4,
             ack_delay: Duration::from_micros(20),
