@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::eal::{Eal, LEAKED_POOLS};
 use crate::error::{Error, Result, ToResult};
+use crate::port::ETHER_OVERHEAD;
 use crate::sys;
 
 /// Data room of a default mbuf: 2048 bytes plus the headroom, enough for a
@@ -23,7 +24,7 @@ pub const DEFAULT_DATA_ROOM: u16 = sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16;
 /// assert_eq!(data_room_for_mtu(9000), 9000 + 18 + 128);
 /// ```
 pub fn data_room_for_mtu(mtu: u16) -> u16 {
-    DEFAULT_DATA_ROOM.max(mtu.saturating_add(18 + sys::RTE_PKTMBUF_HEADROOM as u16))
+    DEFAULT_DATA_ROOM.max(mtu.saturating_add((ETHER_OVERHEAD + sys::RTE_PKTMBUF_HEADROOM) as u16))
 }
 
 /// A pool of packet mbufs (`rte_pktmbuf_pool_create`). Clones share the pool;

@@ -665,7 +665,7 @@ fn port_name(id: u16) -> String {
 }
 
 /// Ethernet header and CRC: what a frame adds to the MTU.
-const ETHER_OVERHEAD: u32 = 18;
+pub(crate) const ETHER_OVERHEAD: u32 = 18;
 
 /// The largest MTU a memif port takes.
 ///
