@@ -75,11 +75,12 @@ impl ClusterConfig {
 
     fn check_protocol_ranges(&self) -> Result<(), ConfigError> {
         let p = self.protocol();
-        if let Some(w) = p.window.filter(|w| !(1..=64).contains(w)) {
+        let max = emx::proto::reliability::MAX_WINDOW;
+        if let Some(w) = p.window.filter(|w| !(1..=max).contains(w)) {
             return Err(self.invalid(
                 "protocol.window",
                 format!(
-                    "{w} is out of range (want 1..=64 frames: the selective-ack bitmap spans 64)"
+                    "{w} is out of range (want 1..={max} frames: a receiver keeps track of {max} beyond the next one it expects)"
                 ),
             ));
         }
@@ -226,7 +227,10 @@ impl ClusterConfig {
                 ),
                 ProtoConfigError::Window(w) => (
                     "protocol.window".to_owned(),
-                    format!("{w} is out of range (want 1..=64)"),
+                    format!(
+                        "{w} is out of range (want 1..={})",
+                        emx::proto::reliability::MAX_WINDOW
+                    ),
                 ),
                 ProtoConfigError::Table(what) => {
                     let want = if what == "max_peers" {

@@ -186,7 +186,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("timers.toml", 7, "protocol.keepalive_us", "keepalive_us (200000 us) must be above 0 and below peer_timeout_us (100000 us)"),
     ("unknown-key.toml", 16, "node[1].colour", "unknown field `colour`, expected one of `id`, `name`, `mac`, `port`"),
     ("unknown-table.toml", 5, "logs", "unknown field `logs`, expected one of `cluster`, `protocol`, `memory`, `logging`, `node`"),
-    ("window-range.toml", 6, "protocol.window", "100 is out of range (want 1..=64 frames"),
+    ("window-range.toml", 6, "protocol.window", "300 is out of range (want 1..=256 frames"),
     ("window-type.toml", 6, "protocol.window", "invalid type: string \"ten\", expected u32"),
 ];
 

@@ -46,6 +46,8 @@ struct Scenario {
     link: LinkConfig,
     mtu: usize,
     full_csum: bool,
+    /// Send window in frames (every node).
+    window: u32,
 }
 
 fn size() -> impl Strategy<Value = usize> {
@@ -101,20 +103,26 @@ fn scenario(max_nodes: usize, max_msgs: usize, max_loss: f64) -> impl Strategy<V
             0usize..4,
             link,
             prop_oneof![4 => Just(1500usize), 1 => Just(9000usize)],
+            // The default, the largest (beyond the ack's 64-bit selective
+            // ack), and any.
+            prop_oneof![2 => Just(64u32), 2 => Just(256u32), 1 => 1u32..=256],
         )
-            .prop_map(|(n, msgs, modes, recv_delays, cancels, link, mtu)| {
-                let full_csum = link.corrupt > 0.0;
-                Scenario {
-                    n,
-                    msgs,
-                    modes,
-                    recv_delays,
-                    cancels,
-                    link,
-                    mtu,
-                    full_csum,
-                }
-            })
+            .prop_map(
+                |(n, msgs, modes, recv_delays, cancels, link, mtu, window)| {
+                    let full_csum = link.corrupt > 0.0;
+                    Scenario {
+                        n,
+                        msgs,
+                        modes,
+                        recv_delays,
+                        cancels,
+                        link,
+                        mtu,
+                        full_csum,
+                        window,
+                    }
+                },
+            )
     })
 }
 
@@ -133,6 +141,7 @@ struct PlannedRecv {
 fn run(sc: Scenario) -> Result<(), TestCaseError> {
     let cfg = CoreConfig {
         mtu: sc.mtu,
+        window: sc.window,
         max_peers: 8,
         eager_threshold: 16 * 1024,
         unexpected_bytes: 8 * 40 * 1024,
@@ -456,10 +465,16 @@ proptest! {
     }
 }
 
-/// A few large messages, up to 8 MiB, on a link that loses 30% of the frames.
+/// A few large messages, up to 8 MiB, on a link that loses 30% of the frames, with
+/// the default window and the largest.
 #[test]
 fn large_messages_heavy_loss() {
-    for (mtu, seed) in [(1500, 3u64), (9000, 4)] {
+    for (mtu, window, seed) in [
+        (1500, 64, 3u64),
+        (9000, 64, 4),
+        (1500, 256, 5),
+        (9000, 256, 6),
+    ] {
         let msgs = vec![
             Msg {
                 src: 0,
@@ -519,6 +534,7 @@ fn large_messages_heavy_loss() {
             },
             mtu,
             full_csum: false,
+            window,
         };
         run(sc).unwrap();
     }

@@ -621,7 +621,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             snd_next: p.snd_next,
             in_flight: p.inflight.len,
             rcv_next: p.rcv.next,
-            rcv_sack: p.rcv.sack,
+            rcv_sack: p.rcv.sack(),
             next_msg_id: p.next_msg_id,
             next_match: p.next_match,
             credit_limit: p.credit_limit,
@@ -1410,7 +1410,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 match accept {
                     Some(Accept::New { in_order }) => {
                         peer.rcv.commit(h.seq);
-                        if in_order && peer.rcv.sack == 0 {
+                        if in_order && peer.rcv.no_gap() {
                             // A PACK counts as its messages: its sender waits for
                             // the ack to have their buffers back.
                             peer.unacked += if ft == FrameType::Pack {
@@ -1625,7 +1625,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             dst_epoch: p.epoch,
             seq: 0,
             ack: p.rcv.next,
-            sack: p.rcv.sack,
+            sack: p.rcv.sack(),
             credit: p.credit_released.wrapping_add(self.peer_credit as u32),
             msg_id: 0,
             match_bits: 0,

@@ -5,10 +5,10 @@
 //!
 //! The scheme is selective repeat. Each direction of an endpoint pair numbers its
 //! reliable frames with a 32-bit sequence number. The receiver accepts any frame within
-//! 64 sequence numbers of the next one it expects, processes it at once (the eager and
-//! rendezvous layers are written so that frame order does not matter to them), and
-//! reports `ack` (the next sequence number expected: everything below arrived) plus a
-//! 64-bit bitmap of the frames received above it. Acks ride on every frame; a pure ack is
+//! [`MAX_WINDOW`] sequence numbers of the next one it expects, processes it at once (the
+//! eager and rendezvous layers are written so that frame order does not matter to them),
+//! and reports `ack` (the next sequence number expected: everything below arrived) plus a
+//! 64-bit bitmap of the first 64 above it. Acks ride on every frame; a pure ack is
 //! sent only after `ack_every` frames, after `ack_delay`, or at once when a gap or a
 //! duplicate shows that the sender needs to hear (fast retransmit). The sender marks a
 //! frame lost when three later first transmissions were selectively acked, when a frame
@@ -38,17 +38,53 @@ pub enum Accept {
     OutOfWindow,
 }
 
+/// Sequence numbers a receiver accepts beyond the next one it expects, and so
+/// the largest send window ([`CoreConfig::window`](super::CoreConfig)). Every
+/// receiver accepts this span whatever its own window, so peers configured
+/// with different windows work together.
+pub const MAX_WINDOW: u32 = 256;
+
+/// Words of the receive bitmap.
+const SEEN_WORDS: usize = (MAX_WINDOW / 64) as usize;
+
 /// The receive side of one direction of a pair: next expected sequence number and the
 /// bitmap of frames received beyond it.
+///
+/// The bitmap spans [`MAX_WINDOW`] sequence numbers; an ack reports its first 64
+/// ([`sack`](Self::sack)), the wire header's selective-ack field. A frame received
+/// further beyond a gap is kept and counted when the gap fills, but its sender hears
+/// of it only then: the ack's cumulative part jumps past it. (TCP's SACK blocks have
+/// the same limit.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RecvWindow {
     /// Next sequence number expected; every lower one has arrived.
     pub next: u32,
-    /// Bit i set: sequence number `next + 1 + i` has arrived.
-    pub sack: u64,
+    /// Bit i (of word i / 64): sequence number `next + 1 + i` has arrived.
+    seen: [u64; SEEN_WORDS],
 }
 
 impl RecvWindow {
+    /// A window that expects `next`, with nothing received beyond it.
+    pub fn new(next: u32) -> Self {
+        RecvWindow {
+            next,
+            seen: [0; SEEN_WORDS],
+        }
+    }
+
+    /// The selective-ack bitmap an ack carries: bit i set when sequence number
+    /// `next + 1 + i` has arrived.
+    #[inline]
+    pub fn sack(&self) -> u64 {
+        self.seen[0]
+    }
+
+    /// Whether nothing beyond `next` has arrived (no gap is open).
+    #[inline]
+    pub fn no_gap(&self) -> bool {
+        self.seen.iter().all(|&w| w == 0)
+    }
+
     /// Classifies `seq` without changing anything.
     #[inline]
     pub fn check(&self, seq: u32) -> Accept {
@@ -57,8 +93,9 @@ impl RecvWindow {
             Accept::New { in_order: true }
         } else if (d as i32) < 0 {
             Accept::Duplicate
-        } else if d <= 64 {
-            if self.sack & (1u64 << (d - 1)) != 0 {
+        } else if d <= MAX_WINDOW {
+            let b = (d - 1) as usize;
+            if self.seen[b / 64] & (1u64 << (b % 64)) != 0 {
                 Accept::Duplicate
             } else {
                 Accept::New { in_order: false }
@@ -73,14 +110,39 @@ impl RecvWindow {
     pub fn commit(&mut self, seq: u32) {
         let d = seq.wrapping_sub(self.next);
         if d == 0 {
+            if self.no_gap() {
+                // The common case: in order, nothing beyond.
+                self.next = self.next.wrapping_add(1);
+                return;
+            }
             // Slide past the new frame and every already-received one after it.
-            let ext = ((self.sack as u128) << 1) | 1;
-            let t = ext.trailing_ones();
-            self.next = self.next.wrapping_add(t);
-            self.sack = (ext >> t >> 1) as u64;
+            let mut run = 0u32;
+            for &w in &self.seen {
+                run += w.trailing_ones();
+                if w != u64::MAX {
+                    break;
+                }
+            }
+            self.next = self.next.wrapping_add(run + 1);
+            self.shift_out(run as usize + 1);
         } else {
-            debug_assert!((1..=64).contains(&d));
-            self.sack |= 1u64 << (d - 1);
+            debug_assert!((1..=MAX_WINDOW).contains(&d));
+            let b = (d - 1) as usize;
+            self.seen[b / 64] |= 1u64 << (b % 64);
+        }
+    }
+
+    /// Drops the bitmap's first `n` bits (the rest move down).
+    fn shift_out(&mut self, n: usize) {
+        let (words, bits) = (n / 64, n % 64);
+        for i in 0..SEEN_WORDS {
+            let lo = self.seen.get(i + words).copied().unwrap_or(0);
+            let hi = self.seen.get(i + words + 1).copied().unwrap_or(0);
+            self.seen[i] = if bits == 0 {
+                lo
+            } else {
+                (lo >> bits) | (hi << (64 - bits))
+            };
         }
     }
 }
@@ -352,39 +414,85 @@ mod tests {
         assert_eq!(w.check(1), Accept::New { in_order: false });
         w.commit(1);
         w.commit(3);
-        assert_eq!(w.sack, 0b101);
+        assert_eq!(w.sack(), 0b101);
         assert_eq!(w.check(1), Accept::Duplicate);
         w.commit(0);
         assert_eq!(w.next, 2);
-        assert_eq!(w.sack, 0b1);
+        assert_eq!(w.sack(), 0b1);
         w.commit(2);
-        assert_eq!((w.next, w.sack), (4, 0));
+        assert_eq!((w.next, w.sack()), (4, 0));
+        assert!(w.no_gap());
         assert_eq!(w.check(3), Accept::Duplicate);
-        assert_eq!(w.check(4 + 65), Accept::OutOfWindow);
+        assert_eq!(w.check(4 + MAX_WINDOW + 1), Accept::OutOfWindow);
         w.commit(4 + 64);
-        assert_eq!(w.sack, 1 << 63);
+        assert_eq!(w.sack(), 1 << 63);
+        // Beyond the ack's 64 bits: kept, not reported.
+        w.commit(4 + MAX_WINDOW);
+        assert_eq!(w.check(4 + MAX_WINDOW), Accept::Duplicate);
+        assert_eq!(w.sack(), 1 << 63);
     }
 
     #[test]
     fn window_wraps() {
-        let mut w = RecvWindow {
-            next: u32::MAX,
-            sack: 0,
-        };
+        let mut w = RecvWindow::new(u32::MAX);
         w.commit(0);
         w.commit(u32::MAX);
-        assert_eq!((w.next, w.sack), (1, 0));
+        assert_eq!((w.next, w.sack()), (1, 0));
+        assert!(w.no_gap());
     }
 
     #[test]
     fn full_bitmap_slide() {
         let mut w = RecvWindow::default();
-        for s in 1..=64 {
+        for s in 1..=MAX_WINDOW {
             w.commit(s);
         }
-        assert_eq!(w.sack, u64::MAX);
+        assert_eq!(w.sack(), u64::MAX);
         w.commit(0);
-        assert_eq!((w.next, w.sack), (65, 0));
+        assert_eq!(w.next, MAX_WINDOW + 1);
+        assert!(w.no_gap());
+    }
+
+    /// The bitmap against a plain set of received numbers, for every gap
+    /// pattern a few hundred random commits make.
+    #[test]
+    fn window_matches_a_set() {
+        let mut w = RecvWindow::new(u32::MAX - 300);
+        let mut got = std::collections::BTreeSet::new();
+        let mut next = w.next;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let seq = next.wrapping_add((x % u64::from(MAX_WINDOW + 8)) as u32);
+            let d = seq.wrapping_sub(next);
+            let expect = if d > MAX_WINDOW {
+                Accept::OutOfWindow
+            } else if got.contains(&d) {
+                Accept::Duplicate
+            } else {
+                Accept::New { in_order: d == 0 }
+            };
+            assert_eq!(w.check(seq), expect);
+            if let Accept::New { .. } = expect {
+                w.commit(seq);
+                got.insert(d);
+                // Slide the model.
+                let mut k = 0;
+                while got.contains(&k) {
+                    k += 1;
+                }
+                got = got.into_iter().filter(|&e| e >= k).map(|e| e - k).collect();
+                next = next.wrapping_add(k);
+            }
+            assert_eq!(w.next, next);
+            let sack = (0..64)
+                .filter(|&i| got.contains(&(i + 1)))
+                .fold(0u64, |a, i| a | 1 << i);
+            assert_eq!(w.sack(), sack);
+            assert_eq!(w.no_gap(), got.is_empty());
+        }
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub struct ProtocolConfig {
     pub eager_threshold: Option<u64>,
     /// Bytes of the unexpected-message store.
     pub unexpected_bytes: Option<u64>,
-    /// Send window in frames (1..=64).
+    /// Send window in frames (1..=256).
     pub window: Option<u32>,
     /// Bytes per rendezvous pull.
     pub pull_block: Option<u32>,
