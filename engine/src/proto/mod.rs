@@ -24,7 +24,8 @@
 //! - **Reliability**, per ordered endpoint pair: 32-bit sequence numbers on reliable
 //!   frames, selective repeat within a window of up to 256 frames (64 by default).
 //!   Every header carries the cumulative ack and a 64-bit SACK bitmap (the receiver
-//!   keeps 256 bits; frames past the first 64 are acked when the gap before them fills); pure ACKs go out after `ack_every` frames
+//!   keeps 256 bits; frames past the first 64 are acked when the gap before them
+//!   fills); pure ACKs go out after `ack_every` frames
 //!   (a PACK counts as its messages, so that its sender gets its buffers back) or
 //!   `ack_delay`, at once on a gap or duplicate. Loss is detected by three later SACKed
 //!   frames (first transmissions) or, RACK-style, by a later-sent frame being acked, and
@@ -283,9 +284,10 @@ pub struct CoreConfig {
     /// Most outstanding receives (posted or in progress).
     pub max_recvs: usize,
     /// Send window in frames per peer, 1..=[`MAX_WINDOW`](reliability::MAX_WINDOW)
-    /// (256). An ack reports the first 64 frames beyond a gap selectively, so past 64
-    /// a loss is repaired as quickly, but the frames behind the 64th are
-    /// acknowledged only when the gap fills. The default, 64, is above what a memif
+    /// (256). An ack reports the first 64 frames beyond a gap selectively; the
+    /// receiver keeps the ones behind them, but they are acknowledged only when the
+    /// gap fills, so a second loss among them is found a round trip later than one
+    /// within the first 64. The default, 64, is above what a memif
     /// pair or a veth needs (a larger window measured no faster on either); a link
     /// whose bandwidth times round trip exceeds 64 frames (at MTU 1500, 92 KiB: 100
     /// Gbit/s at a 7 us round trip) wants more.
