@@ -404,8 +404,10 @@ unsafe extern "C" fn release_cb(_addr: *mut libc::c_void, opaque: *mut libc::c_v
 
 /// A range of an [`ExtMem`] region, lent to one owner. Write it while no
 /// mbuf refers to it, then attach slices of it to mbufs to send them with no
-/// copy. Dropping it gives up the owner's reference; the range goes back to
-/// the region (and the release callback runs) when the last mbuf is freed too.
+/// copy; [`share`](ExtBuf::share) gives more handles to the same bytes, to
+/// send them in several requests at once. Dropping a handle gives up its
+/// reference; the range goes back to the region (and the release callback
+/// runs) when the last handle is dropped and the last mbuf freed.
 pub struct ExtBuf {
     state: NonNull<BufState>,
     offset: usize,
@@ -449,7 +451,47 @@ impl ExtBuf {
         self.offset
     }
 
-    /// Mbufs still attached to this buffer (sent or waiting to be).
+    /// Another handle to the same bytes, to read them and send them:
+    /// while more than one handle (or any mbuf) refers to the bytes, no
+    /// handle can write them ([`as_mut_slice`](Self::as_mut_slice) is
+    /// `None`). The range goes back to the region when the last handle and
+    /// the last mbuf are gone. Sending one buffer in several requests at once
+    /// (to several peers, or a window of sends of the same data) takes one
+    /// handle per request.
+    ///
+    /// Fails when [`MAX_SHARES`](Self::MAX_SHARES) references exist already
+    /// (the count is DPDK's 16-bit one, which attached mbufs also use).
+    ///
+    /// ```no_run
+    /// # fn f(region: &dpdk_ffi::ExtMem) -> dpdk_ffi::Result<()> {
+    /// let mut buf = region.alloc(4096, 64)?;
+    /// buf.as_mut_slice().expect("one handle, no mbuf").fill(7);
+    /// let other = buf.share()?;
+    /// assert!(buf.as_mut_slice().is_none(), "two handles: read-only");
+    /// drop(other);
+    /// assert!(buf.as_mut_slice().is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn share(&self) -> Result<ExtBuf> {
+        if self.in_flight() >= Self::MAX_SHARES {
+            return Err(Error::ExtMem("too many references to one buffer"));
+        }
+        // SAFETY: adds the new handle's reference to the shared count; the
+        // state lives while any reference is held, and this handle holds one.
+        unsafe { sys::rte_mbuf_ext_refcnt_update(self.shinfo(), 1) };
+        Ok(ExtBuf {
+            state: self.state,
+            offset: self.offset,
+            len: self.len,
+        })
+    }
+
+    /// The most references [`share`](Self::share) lets a buffer have:
+    /// half of DPDK's 16-bit count, leaving the rest to attached mbufs.
+    pub const MAX_SHARES: u16 = u16::MAX / 2;
+
+    /// Other references to this buffer's bytes: mbufs attached to it (sent
+    /// or waiting to be) and other handles ([`share`](Self::share)).
     pub fn in_flight(&self) -> u16 {
         // SAFETY: reading the count (an add of 0 is an atomic load).
         unsafe { sys::rte_mbuf_ext_refcnt_update(self.shinfo(), 0) }.saturating_sub(1)
@@ -457,7 +499,8 @@ impl ExtBuf {
 
     /// The bytes, to read.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the range is lent to this buffer alone; mbufs only read it.
+        // SAFETY: the range is lent to this buffer's handles alone, and none
+        // writes while another handle or an mbuf refers to it (as_mut_slice).
         unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
     }
 
@@ -467,8 +510,9 @@ impl ExtBuf {
         if self.in_flight() != 0 {
             return None;
         }
-        // SAFETY: lent to this buffer alone, no mbuf refers to it, and &mut
-        // self excludes any other borrow.
+        // SAFETY: lent to this buffer's handles alone, the count says this
+        // is the only one and no mbuf refers to it, and &mut self excludes any
+        // other borrow (nor can a new handle be shared from this one meanwhile).
         Some(unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) })
     }
 

@@ -175,3 +175,54 @@ fn buffers_split_where_io_addresses_are_not_contiguous() {
     drop((a, b));
     assert_eq!(region.lent_bytes(), 0);
 }
+
+/// Shared handles ([`ExtBuf::share`]) read and send the same bytes; none
+/// writes while another handle or an mbuf refers to them, and the range goes
+/// back to the region once, after the last of them, whichever goes last.
+#[test]
+fn shared_handles_send_but_do_not_write() {
+    let eal = eal(HugepageMode::Auto);
+    let pool = Mempool::new(&eal, "zc-share", 1023, 0, DEFAULT_DATA_ROOM).unwrap();
+    let (a, b) = memif_pair(&eal, &pool, None);
+    let (mut tx, mut rx) = (a.tx_queue(0).unwrap(), b.rx_queue(0).unwrap());
+    let region = ExtMem::with_pages(&eal, 64 << 10, false).unwrap();
+    let (released, on_release) = counter();
+    let mut first = region.buffer_with(0, 1500, on_release).unwrap();
+    first.as_mut_slice().unwrap().fill(0x5A);
+    let second = first.share().unwrap();
+    let mut third = second.share().unwrap();
+    assert_eq!((first.offset(), third.len()), (0, 1500));
+    assert_eq!(second.as_slice(), first.as_slice());
+    assert_eq!(first.in_flight(), 2, "two other handles");
+    assert!(first.as_mut_slice().is_none() && third.as_mut_slice().is_none());
+
+    // A frame from the second handle, which goes before the frame does.
+    let mut head = mbuf_of(&pool, &[0xFFu8; 14]);
+    let mut payload = Mbuf::alloc(&pool).unwrap();
+    second.attach(&mut payload, 0, 1486).unwrap();
+    head.chain(payload).unwrap();
+    drop(second);
+    drop(first);
+    assert_eq!(third.in_flight(), 1, "the queued frame");
+    assert!(third.as_mut_slice().is_none());
+    let got = send_and_receive(&mut tx, &mut rx, head).to_vec();
+    assert!(got[14..].iter().all(|&x| x == 0x5A));
+    assert_eq!(released.load(Ordering::SeqCst), 0, "a handle is left");
+    assert!(
+        third.as_mut_slice().is_some(),
+        "the last handle writes again"
+    );
+    drop(third);
+    assert_eq!(released.load(Ordering::SeqCst), 1, "released once");
+    assert_eq!(region.lent_bytes(), 0);
+
+    // DPDK's count is 16 bits: sharing stops at half of it.
+    let base = region.buffer(2048, 64).unwrap();
+    let mut handles = Vec::new();
+    while let Ok(h) = base.share() {
+        handles.push(h);
+    }
+    assert_eq!(handles.len(), usize::from(dpdk_ffi::ExtBuf::MAX_SHARES));
+    drop((base, handles));
+    assert_eq!(region.lent_bytes(), 0);
+}

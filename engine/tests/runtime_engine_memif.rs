@@ -198,6 +198,89 @@ fn registered_send_is_not_copied_nor_released_before_ack() {
     );
 }
 
+/// One registered buffer in several sends at once ([`ExtBuf::share`]): each
+/// send takes a handle, every copy arrives whole, none of the handles can be
+/// posted to receive while another exists, and the range goes back to the
+/// region once the last handle is dropped.
+#[test]
+fn one_registered_buffer_in_several_sends_at_once() {
+    let eal = eal();
+    let pool = pool(&eal, "share");
+    let (pa, pb) = memif_pair(&eal, &pool);
+    let (mut ea, mut eb) = engines(&pa, &pb, &pool, ProgressMode::Inline);
+    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    let region = ExtMem::new(&eal, 4 << 20).unwrap();
+    // Eager (one frame and several) and rendezvous.
+    for len in [100usize, 20_000, 3 << 20] {
+        let mut buf = region.alloc(len, 64).unwrap();
+        for (j, x) in buf.as_mut_slice().unwrap().iter_mut().enumerate() {
+            *x = byte(len as u64, j);
+        }
+        let mut spare = buf.share().unwrap();
+        assert!(
+            spare.as_mut_slice().is_none() && buf.as_mut_slice().is_none(),
+            "no handle writes while another exists"
+        );
+        let refused = b
+            .irecv(None, 9, u64::MAX, emx::runtime::RecvBuf::Registered(spare))
+            .expect_err("a shared buffer is not a receive buffer");
+        assert!(matches!(refused.error, emx::runtime::Error::BufferBusy));
+        drop(refused);
+        let sends: Vec<_> = (0..3u64)
+            .map(|k| {
+                let h = emx::runtime::SendBuf::Registered(buf.share().unwrap());
+                a.isend(Addr::new(2, 0), k, h).unwrap()
+            })
+            .collect();
+        drop(buf);
+        let recvs: Vec<_> = (0..3u64)
+            .map(|k| b.irecv(None, k, u64::MAX, vec![0u8; len]).unwrap())
+            .collect();
+        let mut sent: Vec<Option<emx::runtime::SendBuf>> = (0..3).map(|_| None).collect();
+        let mut got: Vec<Option<emx::runtime::RecvBuf>> = (0..3).map(|_| None).collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sent.iter().any(Option::is_none) || got.iter().any(Option::is_none) {
+            assert!(Instant::now() < deadline, "{len} B: stalled");
+            a.progress();
+            b.progress();
+            for k in 0..3 {
+                if sent[k].is_none() {
+                    sent[k] = a.test(sends[k]).unwrap().map(|c| c.into_send().unwrap());
+                }
+                if got[k].is_none() {
+                    got[k] = b.test(recvs[k]).unwrap().map(|c| c.into_recv().unwrap().0);
+                }
+            }
+        }
+        for r in got.into_iter().flatten() {
+            assert!(
+                r.as_ref()
+                    .iter()
+                    .enumerate()
+                    .all(|(j, &x)| x == byte(len as u64, j)),
+                "{len} B: a copy differs"
+            );
+        }
+        let mut back: Vec<_> = sent.into_iter().flatten().collect();
+        assert_eq!(
+            region.lent_bytes(),
+            len,
+            "held by the handles that came back"
+        );
+        let last = back.pop().unwrap();
+        drop(back);
+        let emx::runtime::SendBuf::Registered(mut last) = last else {
+            panic!("the registered handle comes back");
+        };
+        assert!(
+            last.as_mut_slice().is_some(),
+            "the last handle writes again"
+        );
+        drop(last);
+        assert_eq!(region.lent_bytes(), 0, "the range went back to the region");
+    }
+}
+
 /// A lending receive takes a one-frame message in the mbuf it arrived in (no
 /// copy); the mbuf goes back to the pool when the message is dropped. Other
 /// messages come back copied, and a rendezvous one truncated.

@@ -19,7 +19,9 @@ pub enum SendBuf {
     Owned(Vec<u8>),
     /// Registered memory: payloads are attached to frames without a copy
     /// (those shorter than [`COPY_BELOW`](crate::io::COPY_BELOW) are copied:
-    /// cheaper than a second segment).
+    /// cheaper than a second segment). One buffer goes in several sends at
+    /// once (to several peers, say) with a handle each, from
+    /// [`ExtBuf::share`](dpdk_ffi::ExtBuf::share).
     Registered(ExtBuf),
 }
 
