@@ -402,10 +402,10 @@ unsafe extern "C" fn release_cb(_addr: *mut libc::c_void, opaque: *mut libc::c_v
     }
 }
 
-/// A range of an [`ExtMem`] region, lent to one owner. Write it while no
-/// mbuf refers to it, then attach slices of it to mbufs to send them with no
-/// copy; [`share`](ExtBuf::share) gives more handles to the same bytes, to
-/// send them in several requests at once. Dropping a handle gives up its
+/// A range of an [`ExtMem`] region, lent out to its handles. Write it while no
+/// mbuf and no other handle refers to it, then attach slices of it to mbufs to
+/// send them with no copy; [`share`](ExtBuf::share) gives more handles to the
+/// same bytes, to send them in several requests at once. Dropping a handle gives up its
 /// reference; the range goes back to the region (and the release callback
 /// runs) when the last handle is dropped and the last mbuf freed.
 pub struct ExtBuf {
