@@ -90,6 +90,12 @@ impl ClusterConfig {
                 format!("{n} is out of range (want 1..=8 pulls in flight per rendezvous receive)"),
             ));
         }
+        if p.ack_every == Some(0) {
+            return Err(self.invalid(
+                "protocol.ack_every",
+                "0 is out of range (want at least 1 frame between acknowledgements)",
+            ));
+        }
         if p.pack_max == Some(0) {
             return Err(self.invalid(
                 "protocol.pack_max",
@@ -258,17 +264,60 @@ impl ClusterConfig {
                          framing) and be at most 1 GiB"
                     ),
                 ),
-                ProtoConfigError::Timers => (
-                    set("keepalive_us", p.keepalive_us.is_some())
-                        .or_else(|| set("peer_timeout_us", p.peer_timeout_us.is_some()))
-                        .unwrap_or_else(|| "protocol".to_owned()),
-                    format!(
-                        "keepalive_us ({} us) must be above 0 and below peer_timeout_us ({} us): \
-                         a silent peer is probed before it is declared dead",
-                        core.keepalive.as_micros(),
-                        core.peer_timeout.as_micros()
-                    ),
-                ),
+                ProtoConfigError::Timers => {
+                    let us = |d: std::time::Duration| d.as_micros();
+                    let field = |a: &str, a_set: bool, b: &str, b_set: bool| {
+                        set(a, a_set)
+                            .or_else(|| set(b, b_set))
+                            .unwrap_or_else(|| "protocol".to_owned())
+                    };
+                    if core.rto_min.is_zero() || core.rto_min > core.rto_max {
+                        (
+                            field(
+                                "rto_min_us",
+                                p.rto_min_us.is_some(),
+                                "rto_max_us",
+                                p.rto_max_us.is_some(),
+                            ),
+                            format!(
+                                "rto_min_us ({} us) must be above 0 and at most rto_max_us ({} us)",
+                                us(core.rto_min),
+                                us(core.rto_max)
+                            ),
+                        )
+                    } else if core.ack_delay >= core.rto_min {
+                        (
+                            field(
+                                "ack_delay_us",
+                                p.ack_delay_us.is_some(),
+                                "rto_min_us",
+                                p.rto_min_us.is_some(),
+                            ),
+                            format!(
+                                "ack_delay_us ({} us) must be below rto_min_us ({} us): a delayed \
+                                 acknowledgement must reach the sender before its retransmission \
+                                 timer fires",
+                                us(core.ack_delay),
+                                us(core.rto_min)
+                            ),
+                        )
+                    } else {
+                        (
+                            field(
+                                "keepalive_us",
+                                p.keepalive_us.is_some(),
+                                "peer_timeout_us",
+                                p.peer_timeout_us.is_some(),
+                            ),
+                            format!(
+                                "keepalive_us ({} us) must be above 0 and below peer_timeout_us \
+                                 ({} us): a silent peer is probed before it is declared dead",
+                                us(core.keepalive),
+                                us(core.peer_timeout)
+                            ),
+                        )
+                    }
+                }
             };
             return Err(self.invalid(&field, problem));
         }

@@ -165,6 +165,9 @@ fn examples_say_what_they_promise() {
 
 /// Each broken file: the line, the field, and words of the expectation.
 const BROKEN: &[(&str, usize, &str, &str)] = &[
+    ("ack-delay.toml", 7, "protocol.ack_delay_us", "ack_delay_us (500 us) must be below rto_min_us (200 us)"),
+    ("ack-every-zero.toml", 6, "protocol.ack_every", "0 is out of range (want at least 1 frame"),
+    ("bad-checksum.toml", 6, "protocol.checksum", "unknown variant `crc32`, expected one of `off`, `header`, `full`"),
     ("bad-hugepages.toml", 6, "memory.hugepages", "unknown variant `sometimes`, expected one of `auto`, `require`, `never`"),
     ("bad-log-level.toml", 6, "logging.level", "unknown variant `verbose`, expected one of `error`, `warn`, `info`, `debug`, `trace`"),
     ("bad-mac.toml", 14, "node[1].mac", "bad MAC address \"zz\" (want aa:bb:cc:dd:ee:ff or auto)"),
@@ -182,6 +185,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("pack-max-zero.toml", 6, "protocol.pack_max", "0 is out of range (want at least 1 message per frame"),
     ("protocol-ethertype.toml", 6, "protocol.ethertype", "the EtherType belongs in [cluster] (cluster.ethertype), not in [protocol]"),
     ("pull-inflight-range.toml", 6, "protocol.pull_inflight", "9 is out of range (want 1..=8"),
+    ("rto-order.toml", 7, "protocol.rto_min_us", "rto_min_us (5000 us) must be above 0 and at most rto_max_us (1000 us)"),
     ("syntax.toml", 10, "", "not valid TOML: invalid string; expected `\"`, `'`"),
     ("timers.toml", 7, "protocol.keepalive_us", "keepalive_us (200000 us) must be above 0 and below peer_timeout_us (100000 us)"),
     ("unknown-key.toml", 16, "node[1].colour", "unknown field `colour`, expected one of `id`, `name`, `mac`, `port`"),
@@ -381,4 +385,19 @@ fn the_documented_defaults() {
     let cfg = c.node_config(0).unwrap();
     assert_eq!(cfg.engine.progress, ProgressMode::Inline);
     assert_eq!(cfg.link.mbufs, 16383);
+    // The timer and checksum defaults the crate documentation gives.
+    let core = c.protocol().core_config(1500);
+    assert_eq!(
+        (
+            core.rto_initial.as_micros(),
+            core.rto_min.as_micros(),
+            core.rto_max.as_micros(),
+            core.ack_delay.as_micros(),
+            core.ack_every,
+            core.keepalive.as_micros(),
+            core.peer_timeout.as_micros(),
+        ),
+        (1000, 200, 100_000, 20, 16, 10_000, 1_000_000)
+    );
+    assert_eq!(core.checksum, emx::proto::ChecksumMode::Header);
 }

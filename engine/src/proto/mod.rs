@@ -253,7 +253,15 @@ impl RequestId {
 
 /// Which bytes the checksum field covers on the frames a core sends, and the least it
 /// accepts on the frames it receives.
+///
+/// In a configuration file (with the `runtime` feature): `"off"`, `"header"`
+/// or `"full"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[cfg_attr(
+    feature = "runtime",
+    derive(serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum ChecksumMode {
     /// No checksum: rely on the Ethernet FCS (what Open-MX does).
     Off,

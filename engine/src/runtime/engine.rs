@@ -116,6 +116,21 @@ pub struct ProtocolConfig {
     pub keepalive_us: Option<u64>,
     /// Initial retransmission timeout (µs).
     pub rto_initial_us: Option<u64>,
+    /// Lower bound of the retransmission timeout (µs). Raise it where a
+    /// receiver may stall that long (a shared or virtual machine, a slow
+    /// link), or frames are sent again for nothing.
+    pub rto_min_us: Option<u64>,
+    /// Upper bound of the retransmission timeout, after backoff (µs).
+    pub rto_max_us: Option<u64>,
+    /// Longest an acknowledgement waits to be coalesced or to ride on a
+    /// reply (µs); below `rto_min_us`.
+    pub ack_delay_us: Option<u64>,
+    /// Acknowledge at once after this many in-order frames.
+    pub ack_every: Option<u32>,
+    /// Checksum coverage of frames: `"off"` (the Ethernet FCS alone),
+    /// `"header"` or `"full"` (header and payload, for links that may
+    /// corrupt data past the FCS). All nodes must agree.
+    pub checksum: Option<crate::proto::ChecksumMode>,
 }
 
 impl ProtocolConfig {
@@ -141,7 +156,11 @@ impl ProtocolConfig {
             peer_timeout: us(self.peer_timeout_us, d.peer_timeout),
             keepalive: us(self.keepalive_us, d.keepalive),
             rto_initial: us(self.rto_initial_us, d.rto_initial),
-            ..d
+            rto_min: us(self.rto_min_us, d.rto_min),
+            rto_max: us(self.rto_max_us, d.rto_max),
+            ack_delay: us(self.ack_delay_us, d.ack_delay),
+            ack_every: self.ack_every.unwrap_or(d.ack_every),
+            checksum: self.checksum.unwrap_or(d.checksum),
         }
     }
 }
