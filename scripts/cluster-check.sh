@@ -31,6 +31,7 @@ id = $id
 
 [protocol]
 rto_initial_us = 2000
+rto_min_us = 2000
 keepalive_us = 100000
 peer_timeout_us = ${DEADLINE_MS}000
 
