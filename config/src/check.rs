@@ -266,19 +266,12 @@ impl ClusterConfig {
                 ),
                 ProtoConfigError::Timers => {
                     let us = |d: std::time::Duration| d.as_micros();
-                    let field = |a: &str, a_set: bool, b: &str, b_set: bool| {
-                        set(a, a_set)
-                            .or_else(|| set(b, b_set))
-                            .unwrap_or_else(|| "protocol".to_owned())
-                    };
-                    if core.rto_min.is_zero() || core.rto_min > core.rto_max {
+                    // The rule broken, and the two fields it ties (the first
+                    // the file sets is named).
+                    let (a, b, problem) = if core.rto_min.is_zero() || core.rto_min > core.rto_max {
                         (
-                            field(
-                                "rto_min_us",
-                                p.rto_min_us.is_some(),
-                                "rto_max_us",
-                                p.rto_max_us.is_some(),
-                            ),
+                            ("rto_min_us", p.rto_min_us.is_some()),
+                            ("rto_max_us", p.rto_max_us.is_some()),
                             format!(
                                 "rto_min_us ({} us) must be above 0 and at most rto_max_us ({} us)",
                                 us(core.rto_min),
@@ -287,12 +280,8 @@ impl ClusterConfig {
                         )
                     } else if core.ack_delay >= core.rto_min {
                         (
-                            field(
-                                "ack_delay_us",
-                                p.ack_delay_us.is_some(),
-                                "rto_min_us",
-                                p.rto_min_us.is_some(),
-                            ),
+                            ("ack_delay_us", p.ack_delay_us.is_some()),
+                            ("rto_min_us", p.rto_min_us.is_some()),
                             format!(
                                 "ack_delay_us ({} us) must be below rto_min_us ({} us): a delayed \
                                  acknowledgement must reach the sender before its retransmission \
@@ -303,12 +292,8 @@ impl ClusterConfig {
                         )
                     } else {
                         (
-                            field(
-                                "keepalive_us",
-                                p.keepalive_us.is_some(),
-                                "peer_timeout_us",
-                                p.peer_timeout_us.is_some(),
-                            ),
+                            ("keepalive_us", p.keepalive_us.is_some()),
+                            ("peer_timeout_us", p.peer_timeout_us.is_some()),
                             format!(
                                 "keepalive_us ({} us) must be above 0 and below peer_timeout_us \
                                  ({} us): a silent peer is probed before it is declared dead",
@@ -316,7 +301,11 @@ impl ClusterConfig {
                                 us(core.peer_timeout)
                             ),
                         )
-                    }
+                    };
+                    let field = set(a.0, a.1)
+                        .or_else(|| set(b.0, b.1))
+                        .unwrap_or_else(|| "protocol".to_owned());
+                    (field, problem)
                 }
             };
             return Err(self.invalid(&field, problem));
