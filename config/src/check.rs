@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use emx::proto::ConfigError as ProtoConfigError;
+use emx::proto::TimerRule;
 
 use crate::cluster::{ClusterConfig, Mac, NodeSpec};
 use crate::error::ConfigError;
@@ -88,12 +89,6 @@ impl ClusterConfig {
             return Err(self.invalid(
                 "protocol.pull_inflight",
                 format!("{n} is out of range (want 1..=8 pulls in flight per rendezvous receive)"),
-            ));
-        }
-        if p.ack_every == Some(0) {
-            return Err(self.invalid(
-                "protocol.ack_every",
-                "0 is out of range (want at least 1 frame between acknowledgements)",
             ));
         }
         if p.pack_max == Some(0) {
@@ -264,12 +259,11 @@ impl ClusterConfig {
                          framing) and be at most 1 GiB"
                     ),
                 ),
-                ProtoConfigError::Timers => {
+                ProtoConfigError::Timers(rule) => {
                     let us = |d: std::time::Duration| d.as_micros();
-                    // The rule broken, and the two fields it ties (the first
-                    // the file sets is named).
-                    let (a, b, problem) = if core.rto_min.is_zero() || core.rto_min > core.rto_max {
-                        (
+                    // The two fields the rule ties (the first the file sets is named).
+                    let (a, b, problem) = match rule {
+                        TimerRule::Rto => (
                             ("rto_min_us", p.rto_min_us.is_some()),
                             ("rto_max_us", p.rto_max_us.is_some()),
                             format!(
@@ -277,9 +271,15 @@ impl ClusterConfig {
                                 us(core.rto_min),
                                 us(core.rto_max)
                             ),
-                        )
-                    } else if core.ack_delay >= core.rto_min {
-                        (
+                        ),
+                        // Only a file can set it to 0 (the default is 16).
+                        TimerRule::AckEvery => (
+                            ("ack_every", true),
+                            ("ack_every", true),
+                            "0 is out of range (want at least 1 frame between acknowledgements)"
+                                .to_owned(),
+                        ),
+                        TimerRule::AckDelay => (
                             ("ack_delay_us", p.ack_delay_us.is_some()),
                             ("rto_min_us", p.rto_min_us.is_some()),
                             format!(
@@ -289,9 +289,8 @@ impl ClusterConfig {
                                 us(core.ack_delay),
                                 us(core.rto_min)
                             ),
-                        )
-                    } else {
-                        (
+                        ),
+                        TimerRule::Keepalive => (
                             ("keepalive_us", p.keepalive_us.is_some()),
                             ("peer_timeout_us", p.peer_timeout_us.is_some()),
                             format!(
@@ -300,7 +299,7 @@ impl ClusterConfig {
                                 us(core.keepalive),
                                 us(core.peer_timeout)
                             ),
-                        )
+                        ),
                     };
                     let field = set(a.0, a.1)
                         .or_else(|| set(b.0, b.1))

@@ -443,16 +443,21 @@ impl CoreConfig {
         }
         // A delayed ack must come back before the sender's timer fires, and a peer must
         // get probed before it is declared dead.
-        if self.rto_min > self.rto_max
-            || self.rto_min.is_zero()
-            || self.ack_every == 0
-            || self.ack_delay >= self.rto_min
-            || self.keepalive.is_zero()
-            || self.keepalive >= self.peer_timeout
-        {
-            return Err(E::Timers);
+        let broken = if self.rto_min > self.rto_max || self.rto_min.is_zero() {
+            Some(TimerRule::Rto)
+        } else if self.ack_every == 0 {
+            Some(TimerRule::AckEvery)
+        } else if self.ack_delay >= self.rto_min {
+            Some(TimerRule::AckDelay)
+        } else if self.keepalive.is_zero() || self.keepalive >= self.peer_timeout {
+            Some(TimerRule::Keepalive)
+        } else {
+            None
+        };
+        match broken {
+            Some(rule) => Err(E::Timers(rule)),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -479,9 +484,27 @@ pub enum ConfigError {
         /// Credit one eager message of threshold size needs.
         need: u64,
     },
-    /// Timer bounds contradict each other.
-    #[error("timer settings contradict each other")]
-    Timers,
+    /// Timer bounds contradict each other: the rule they break.
+    #[error("timer settings contradict each other: {0}")]
+    Timers(TimerRule),
+}
+
+/// The timer rule a [`ConfigError::Timers`] configuration breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TimerRule {
+    /// `rto_min` is zero or above `rto_max`.
+    #[error("rto_min must be above 0 and at most rto_max")]
+    Rto,
+    /// `ack_every` is zero.
+    #[error("ack_every must be at least 1")]
+    AckEvery,
+    /// `ack_delay` is not below `rto_min`: a delayed ack would come after the
+    /// sender's timer fired.
+    #[error("ack_delay must be below rto_min")]
+    AckDelay,
+    /// `keepalive` is zero or not below `peer_timeout`.
+    #[error("keepalive must be above 0 and below peer_timeout")]
+    Keepalive,
 }
 
 /// Why a peer could not be added.
