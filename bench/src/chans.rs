@@ -18,7 +18,7 @@ use emx::runtime::{
 };
 
 use crate::link::{End, EMX_INLINE, EMX_THREAD, RAW};
-use crate::session::Transport;
+use crate::session::{SendBuffers, Transport};
 
 /// How long an emx wait goes between looks at the other side: a side that
 /// is gone ends the measurement within about this, not after the engines'
@@ -283,6 +283,8 @@ pub(crate) struct EmxSide {
     region: ExtMem,
     size: usize,
     pub(crate) free: Vec<Mem>,
+    /// With [`SendBuffers::Single`]: the buffer every send shares.
+    one: Option<ExtBuf>,
     pub(crate) posted: VecDeque<Request>,
     pub(crate) sends: VecDeque<Request>,
 }
@@ -294,17 +296,34 @@ impl EmxSide {
             peer,
             region,
             free: Vec::new(),
+            one: None,
             size: usize::MAX,
             posted: VecDeque::new(),
             sends: VecDeque::new(),
         }
     }
 
-    /// Makes sure `n` free buffers of `size` bytes exist (all requests must be done).
-    pub(crate) fn buffers(&mut self, size: usize, n: usize) -> Result<(), String> {
+    /// Makes sure `n` free buffers of `size` bytes exist (all requests must
+    /// be done), and that sends take theirs as `sends` says.
+    pub(crate) fn buffers(
+        &mut self,
+        size: usize,
+        n: usize,
+        sends: SendBuffers,
+    ) -> Result<(), String> {
         if self.size != size {
             self.free.clear();
+            self.one = None;
             self.size = size;
+        }
+        if sends == SendBuffers::Multiple || size == 0 {
+            self.one = None;
+        } else if self.one.is_none() {
+            let b = self
+                .region
+                .alloc(size, 64)
+                .map_err(|e| format!("registered memory for one {size} B send buffer: {e}"))?;
+            self.one = Some(b);
         }
         while self.free.len() < n {
             if size == 0 {
@@ -342,9 +361,18 @@ impl EmxSide {
         Ok(peer.unwrap_or_default())
     }
 
+    /// Sends a message from a free buffer, or from the shared one (see
+    /// [`SendBuffers::Single`]); false when there is none or emx refused it.
     pub(crate) fn send(&mut self, tag: u64) -> bool {
-        let Some(b) = self.free.pop() else {
-            return false;
+        let b = match &self.one {
+            Some(one) => match one.share() {
+                Ok(b) => Mem::Ext(b),
+                Err(_) => return false,
+            },
+            None => match self.free.pop() {
+                Some(b) => b,
+                None => return false,
+            },
         };
         self.send_buf(tag, b)
     }
@@ -356,9 +384,17 @@ impl EmxSide {
                 true
             }
             Err(r) => {
-                self.free.push(r.buf.into());
+                self.sent(r.buf);
                 false
             }
+        }
+    }
+
+    /// Takes back a send's buffer: free again, or, when it was a handle on
+    /// the shared one, dropped.
+    pub(crate) fn sent(&mut self, b: SendBuf) {
+        if self.one.is_none() {
+            self.free.push(b.into());
         }
     }
 
@@ -383,8 +419,7 @@ impl EmxSide {
                 break;
             };
             self.sends.pop_front();
-            self.free
-                .push(c.into_send().map_err(|e| e.to_string())?.into());
+            self.sent(c.into_send().map_err(|e| e.to_string())?);
             n += 1;
         }
         Ok(n)
@@ -426,8 +461,7 @@ impl EmxSide {
         while let Some(&s) = self.sends.front() {
             let (_, c) = wait(&mut self.ep, s, self.sends.len())?;
             self.sends.pop_front();
-            self.free
-                .push(c.into_send().map_err(|e| e.to_string())?.into());
+            self.sent(c.into_send().map_err(|e| e.to_string())?);
         }
         Ok(())
     }

@@ -26,7 +26,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use link::LinkKind;
 use report::{Collector, Report, Sample, Test};
-use session::{Pace, Session, Transport};
+use session::{Pace, SendBuffers, Session, Transport};
 
 /// Latency, bandwidth and message rate of emx against raw DPDK frames (and
 /// kernel UDP/TCP on the veth link), measured on the same link in one run.
@@ -102,6 +102,14 @@ struct Args {
     /// for large ones, so that 16 MiB are in flight).
     #[arg(long)]
     window: Option<usize>,
+    /// Where emx streams (bandwidth, bibw, msgrate) send from: `multiple`,
+    /// a registered buffer per message in flight (each send reads memory the
+    /// sends before it did not, as fresh data would), or `single`, one
+    /// registered buffer shared by every send in flight, whose data stays in
+    /// cache, as raw's recycled frames do (OSU's `osu_bw -b single`, its
+    /// default). Receives take a buffer each either way.
+    #[arg(long, value_enum, default_value_t = SendBuffers::Multiple)]
+    send_buffers: SendBuffers,
     /// Rounds per point; transports alternate within each round.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
@@ -377,6 +385,7 @@ fn run(args: &Args) -> Result<(), String> {
         mtu: session.mtu,
         cpus,
         rounds: args.rounds,
+        send_buffers: args.send_buffers,
         rows,
         skipped,
         notes,
@@ -511,7 +520,7 @@ fn measure(
             if t == Transport::Ffi {
                 return Err(Skip::Not("ffi measures latency only".into()));
             }
-            s.stream(t, size, window, test == Test::Bibw, pace)
+            s.stream(t, size, window, test == Test::Bibw, args.send_buffers, pace)
                 .map(|f| Some(Sample::Flow(f)))
                 .map_err(Skip::Fail)
         }

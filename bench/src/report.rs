@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::session::{Stream, Transport};
+use crate::session::{SendBuffers, Stream, Transport};
 
 /// A kind of test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, Serialize)]
@@ -144,6 +144,8 @@ pub struct Report {
     pub mtu: u16,
     pub cpus: usize,
     pub rounds: u32,
+    /// Where emx streams sent from.
+    pub send_buffers: SendBuffers,
     pub rows: Vec<Row>,
     /// Measurements that could not run, and why.
     pub skipped: Vec<String>,
@@ -453,6 +455,12 @@ impl Report {
                 _ => "message rate, millions of messages per second, ratio to raw",
             };
             let _ = writeln!(o, "\n{test:?}: {title}");
+            if test != Test::Latency && self.send_buffers == SendBuffers::Single {
+                let _ = writeln!(
+                    o,
+                    "(emx sends from one shared buffer: --send-buffers single)"
+                );
+            }
             let _ = write!(o, "{:>8}", "size");
             for t in &cols {
                 let _ = write!(o, " {:>24}", t.label());

@@ -73,6 +73,32 @@ impl Transport {
     }
 }
 
+/// Where a stream's sends take their data from.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SendBuffers {
+    /// A registered buffer per message in flight: each send reads memory
+    /// that the sends before it did not, as an application streaming fresh
+    /// data does.
+    #[default]
+    Multiple,
+    /// One registered buffer in every send in flight (a handle each, from
+    /// `ExtBuf::share`): the data stays in cache, as raw's recycled frames
+    /// do, and as OSU's `osu_bw` sends by default (`-b single`). Receives
+    /// still take a buffer each.
+    Single,
+}
+
 /// What the echo thread does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Cmd {
@@ -105,12 +131,14 @@ pub(crate) enum Cmd {
         back: Option<usize>,
     },
     /// Count emx messages of `size`; `depth` receives posted; when `back`,
-    /// stream messages of `size` back with `depth` in flight.
+    /// stream messages of `size` back with `depth` in flight, sent from
+    /// `sends`.
     EmxSink {
         ep: usize,
         size: usize,
         depth: usize,
         back: bool,
+        sends: SendBuffers,
     },
 }
 
@@ -642,7 +670,9 @@ impl Session {
             Transport::Emx | Transport::EmxThread => {
                 let ep = usize::from(t == Transport::EmxThread);
                 let gen = self.command(Cmd::EmxPong { ep, size })?;
-                self.chans.side(ep).buffers(size, 2)?;
+                self.chans
+                    .side(ep)
+                    .buffers(size, 2, SendBuffers::Multiple)?;
                 let before = self.chans.side(ep).peer_stats()?;
                 self.measure(pace, &mut hist, |s| s.emx_ping(ep, gen))?;
                 let control = &mut self.control;
@@ -763,8 +793,7 @@ impl Session {
                 rdone = true;
             } else {
                 s.sends.pop_front();
-                s.free
-                    .push(c.into_send().map_err(|e| e.to_string())?.into());
+                s.sent(c.into_send().map_err(|e| e.to_string())?);
                 sdone = true;
             }
         }
@@ -772,13 +801,15 @@ impl Session {
     }
 
     /// Streams `size`-byte messages to the echo side (and, when `bidir`,
-    /// back at the same time) for the pace's time, `window` in flight.
+    /// back at the same time) for the pace's time, `window` in flight, emx's
+    /// sent from `sends`.
     pub fn stream(
         &mut self,
         t: Transport,
         size: usize,
         window: usize,
         bidir: bool,
+        sends: SendBuffers,
         pace: Pace,
     ) -> Result<Stream, String> {
         self.open(t)?;
@@ -787,7 +818,7 @@ impl Session {
             Transport::Emx | Transport::EmxThread => {
                 let ep = usize::from(t == Transport::EmxThread);
                 let before = self.chans.side(ep).peer_stats()?;
-                let got = self.emx_stream(ep, size, window, bidir, pace)?;
+                let got = self.emx_stream(ep, size, window, bidir, sends, pace)?;
                 self.count_protocol(ep, &before)?;
                 got
             }
@@ -880,6 +911,7 @@ impl Session {
         size: usize,
         window: usize,
         bidir: bool,
+        sends: SendBuffers,
         pace: Pace,
     ) -> Result<(Stream, u64, u64), String> {
         let gen = self.command(Cmd::EmxSink {
@@ -887,10 +919,11 @@ impl Session {
             size,
             depth: window,
             back: bidir,
+            sends,
         })?;
         let control = &mut self.control;
         let s = self.chans.side(ep);
-        s.buffers(size, if bidir { 2 * window } else { window })?;
+        s.buffers(size, if bidir { 2 * window } else { window }, sends)?;
         let mut got = (Stream::default(), 0u64, 0u64);
         let end = Instant::now() + pace.warmup + pace.time;
         let mut n = 0u64;
@@ -921,8 +954,7 @@ impl Session {
                         // may need this core, so wait parks).
                         let (_, c) = wait_any(&mut s.ep, &[front], control)?;
                         s.sends.pop_front();
-                        s.free
-                            .push(c.into_send().map_err(|e| e.to_string())?.into());
+                        s.sent(c.into_send().map_err(|e| e.to_string())?);
                     }
                 } else {
                     s.ep.progress();
@@ -1162,10 +1194,18 @@ impl Echo {
                         self.chans.drain()?;
                     }
                     Cmd::Open { chan } => self.chans.open(chan)?,
-                    Cmd::EmxPong { ep, size } => self.chans.side(ep).buffers(size, 4)?,
+                    Cmd::EmxPong { ep, size } => {
+                        self.chans
+                            .side(ep)
+                            .buffers(size, 4, SendBuffers::Multiple)?
+                    }
                     Cmd::EmxSink {
-                        ep, size, depth, ..
-                    } => self.chans.side(ep).buffers(size, 2 * depth)?,
+                        ep,
+                        size,
+                        depth,
+                        sends,
+                        ..
+                    } => self.chans.side(ep).buffers(size, 2 * depth, sends)?,
                     _ => {}
                 }
                 self.ctl.running.store(g, Ordering::Release);

@@ -147,10 +147,48 @@ fn bandwidth_json() {
     // At Ethernet's MTU: more frames per message than the default's.
     let r = json(&["--test", "bandwidth", "--sizes", "64,64K", "--mtu", "1500"]);
     assert_eq!(r["mtu"], 1500);
+    assert_eq!(
+        r["send_buffers"], "multiple",
+        "a buffer per send by default"
+    );
     let rows = check_rows(&r, "bandwidth");
     for t in ["raw", "emx", "emx-thread"] {
         assert_eq!(sizes_of(&rows, t), [64, 65_536], "{t}");
     }
+}
+
+#[test]
+fn streams_from_one_shared_buffer() {
+    // Every send in flight shares one registered buffer (multi-frame and
+    // rendezvous sizes, both ways at once in bibw, where the receives still
+    // take a buffer each), on both progress modes.
+    let r = json(&[
+        "--test",
+        "bandwidth,bibw",
+        "--sizes",
+        "20K,300K",
+        "--send-buffers",
+        "single",
+    ]);
+    assert_eq!(r["send_buffers"], "single");
+    for test in ["bandwidth", "bibw"] {
+        let rows = check_rows(&r, test);
+        for t in ["emx", "emx-thread"] {
+            assert_eq!(sizes_of(&rows, t), [20_480, 307_200], "{test} {t}");
+        }
+    }
+    let table = run(&[
+        "--test",
+        "bandwidth",
+        "--sizes",
+        "4K",
+        "--transports",
+        "raw,emx",
+        "--send-buffers",
+        "single",
+    ]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("--send-buffers single"), "{table}");
 }
 
 #[test]
