@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::eal::{hugepages_usable, Eal};
@@ -388,6 +389,10 @@ struct BufState {
 
 /// DPDK's `free_cb`: the reference count reached zero.
 unsafe extern "C" fn release_cb(_addr: *mut libc::c_void, opaque: *mut libc::c_void) {
+    // DPDK may have read the last count with a plain load (its fast path for a
+    // count of 1): order the release after every other holder's use of the
+    // bytes and the state, which their decrements (release) published.
+    fence(Ordering::Acquire);
     // SAFETY: opaque is the BufState leaked in buffer_with; the count reached
     // zero exactly once, so this is its only release.
     let state = unsafe { Box::from_raw(opaque as *mut BufState) };
@@ -414,16 +419,44 @@ pub struct ExtBuf {
     len: usize,
 }
 
-// SAFETY: the state block is only touched through DPDK's atomic refcount and,
-// on release, by whoever drops the count to zero.
+// SAFETY: the state block is only touched through its reference count and,
+// on release, by whoever drops the count to zero. (Not `Sync`: DPDK updates a
+// count of 1 with a plain store, as its only holder may, so two threads must
+// not add references through one handle at once.)
 unsafe impl Send for ExtBuf {}
-// SAFETY: &ExtBuf only reads the bytes and updates the atomic refcount.
-unsafe impl Sync for ExtBuf {}
 
 impl ExtBuf {
     fn shinfo(&self) -> *mut sys::rte_mbuf_ext_shared_info {
         // SAFETY: the state lives while this owner's reference is held.
         unsafe { &raw mut (*self.state.as_ptr()).shinfo }
+    }
+
+    /// The reference count: this handle, the other handles and every mbuf
+    /// attached from them.
+    fn refcnt(&self) -> &AtomicU16 {
+        // SAFETY: the field is a 2-aligned u16 that lives while this handle's
+        // reference is held; DPDK updates it with atomic operations, except for
+        // a plain store by a holder that sees itself the only one (a count of
+        // 1), which no other holder can then race with.
+        unsafe { AtomicU16::from_ptr(&raw mut (*self.shinfo()).refcnt) }
+    }
+
+    /// Adds a reference (a handle or an attached mbuf) unless `limit`
+    /// references exist already. A compare-and-swap, so that holders on
+    /// several threads cannot take the 16-bit count past the limit together.
+    fn add_ref(&self, limit: u16) -> Result<()> {
+        let count = self.refcnt();
+        let mut now = count.load(Ordering::Relaxed);
+        loop {
+            if now >= limit {
+                return Err(Error::ExtMem("too many references to one buffer"));
+            }
+            // (Relaxed, as Arc's clone: the new reference comes from one held.)
+            match count.compare_exchange_weak(now, now + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(seen) => now = seen,
+            }
+        }
     }
 
     fn region(&self) -> &RegionInner {
@@ -473,12 +506,9 @@ impl ExtBuf {
     /// # Ok(()) }
     /// ```
     pub fn share(&self) -> Result<ExtBuf> {
-        if self.in_flight() >= Self::MAX_SHARES {
-            return Err(Error::ExtMem("too many references to one buffer"));
-        }
-        // SAFETY: adds the new handle's reference to the shared count; the
-        // state lives while any reference is held, and this handle holds one.
-        unsafe { sys::rte_mbuf_ext_refcnt_update(self.shinfo(), 1) };
+        // The new handle's reference (this one's and MAX_SHARES others at
+        // most); the state lives while any is held.
+        self.add_ref(Self::MAX_SHARES + 1)?;
         Ok(ExtBuf {
             state: self.state,
             offset: self.offset,
@@ -490,11 +520,16 @@ impl ExtBuf {
     /// half of DPDK's 16-bit count, leaving the rest to attached mbufs.
     pub const MAX_SHARES: u16 = u16::MAX / 2;
 
+    /// The most references [`attach`](Self::attach) lets a buffer have (its
+    /// handles and attached mbufs): one short of what DPDK's 16-bit count
+    /// holds. An attach past it fails, as one that finds no contiguous IO
+    /// addresses does; the engine then treats the frame as lost.
+    pub const MAX_REFS: u16 = u16::MAX - 1;
+
     /// Other references to this buffer's bytes: mbufs attached to it (sent
     /// or waiting to be) and other handles ([`share`](Self::share)).
     pub fn in_flight(&self) -> u16 {
-        // SAFETY: reading the count (an add of 0 is an atomic load).
-        unsafe { sys::rte_mbuf_ext_refcnt_update(self.shinfo(), 0) }.saturating_sub(1)
+        self.refcnt().load(Ordering::Relaxed).saturating_sub(1)
     }
 
     /// The bytes, to read.
@@ -510,6 +545,9 @@ impl ExtBuf {
         if self.in_flight() != 0 {
             return None;
         }
+        // The last other holder (an mbuf freed on the polling thread, say)
+        // read the bytes before its decrement: the writes come after.
+        fence(Ordering::Acquire);
         // SAFETY: lent to this buffer's handles alone, the count says this
         // is the only one and no mbuf refers to it, and &mut self excludes any
         // other borrow (nor can a new handle be shared from this one meanwhile).
@@ -562,11 +600,12 @@ impl ExtBuf {
                 "slice spans pages that are not contiguous in IO address space",
             ));
         }
-        // SAFETY: the shinfo outlives the mbuf (its count includes it from here
-        // on); the address range lies within this buffer; the mbuf is owned,
-        // empty and direct (checked above).
+        // The mbuf's reference: from here on the count includes it.
+        self.add_ref(Self::MAX_REFS)?;
+        // SAFETY: the shinfo outlives the mbuf (its count includes it); the
+        // address range lies within this buffer; the mbuf is owned, empty and
+        // direct (checked above).
         unsafe {
-            sys::rte_mbuf_ext_refcnt_update(self.shinfo(), 1);
             sys::rte_pktmbuf_attach_extbuf(
                 mbuf.as_ptr(),
                 self.ptr().add(offset) as *mut libc::c_void,

@@ -226,3 +226,45 @@ fn shared_handles_send_but_do_not_write() {
     drop((base, handles));
     assert_eq!(region.lent_bytes(), 0);
 }
+
+/// The 16-bit count that handles and attached mbufs share never wraps: with
+/// the most handles `share` gives, mbufs attach until the count is one short
+/// of its limit, and the next attach fails (a wrapped count would let a
+/// handle write, or free, bytes that frames still carry).
+#[test]
+fn attaching_stops_short_of_the_count_limit() {
+    let eal = eal(HugepageMode::Auto);
+    // Small mbufs: an attached one uses none of its own data room.
+    let pool = Mempool::new(&eal, "zc-refs", 32767, 0, 192).unwrap();
+    let region = ExtMem::with_pages(&eal, 64 << 10, false).unwrap();
+    let base = region.buffer(4096, 64).unwrap();
+    let handles: Vec<_> = (0..dpdk_ffi::ExtBuf::MAX_SHARES)
+        .map(|_| base.share().unwrap())
+        .collect();
+    let mut attached = Vec::new();
+    let refused = loop {
+        let mut m = Mbuf::alloc(&pool).expect("the pool outlasts the count");
+        match handles[attached.len() % handles.len()].attach(&mut m, 0, 64) {
+            Ok(()) => attached.push(m),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        refused.to_string().contains("too many references"),
+        "{refused}"
+    );
+    assert_eq!(base.in_flight(), dpdk_ffi::ExtBuf::MAX_REFS - 1);
+    assert_eq!(
+        attached.len(),
+        usize::from(dpdk_ffi::ExtBuf::MAX_REFS - 1 - dpdk_ffi::ExtBuf::MAX_SHARES)
+    );
+    assert!(base.share().is_err(), "no more handles either");
+    drop(attached);
+    assert_eq!(base.in_flight(), dpdk_ffi::ExtBuf::MAX_SHARES);
+    drop((base, handles));
+    assert_eq!(
+        region.lent_bytes(),
+        0,
+        "back to the region once all are gone"
+    );
+}
