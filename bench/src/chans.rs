@@ -311,6 +311,8 @@ impl EmxSide {
         n: usize,
         sends: SendBuffers,
     ) -> Result<(), String> {
+        // A send still in flight would come back to the wrong place (`sent`).
+        debug_assert!(self.sends.is_empty(), "buffers changed under sends");
         if self.size != size {
             self.free.clear();
             self.one = None;

@@ -923,7 +923,9 @@ impl Session {
         })?;
         let control = &mut self.control;
         let s = self.chans.side(ep);
-        s.buffers(size, if bidir { 2 * window } else { window }, sends)?;
+        // A buffer per send (unless they share one), and per receive both ways.
+        let per_send = usize::from(sends == SendBuffers::Multiple);
+        s.buffers(size, window * (per_send + usize::from(bidir)), sends)?;
         let mut got = (Stream::default(), 0u64, 0u64);
         let end = Instant::now() + pace.warmup + pace.time;
         let mut n = 0u64;
@@ -1203,9 +1205,17 @@ impl Echo {
                         ep,
                         size,
                         depth,
+                        back,
                         sends,
-                        ..
-                    } => self.chans.side(ep).buffers(size, 2 * depth, sends)?,
+                    } => {
+                        // A buffer per receive, and per send back (unless
+                        // they share one).
+                        let sends = if back { sends } else { SendBuffers::Multiple };
+                        let per_send = usize::from(back && sends == SendBuffers::Multiple);
+                        self.chans
+                            .side(ep)
+                            .buffers(size, depth * (1 + per_send), sends)?
+                    }
                     _ => {}
                 }
                 self.ctl.running.store(g, Ordering::Release);
