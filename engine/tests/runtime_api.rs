@@ -422,6 +422,53 @@ fn shutdown_with_sends_in_flight() {
     assert!(matches!(r.error, Error::ShutDown));
 }
 
+/// An engine shut down while its polling thread still has commands queued
+/// (more than one round takes) ends every request: those the core took are
+/// aborted, those it never saw are refused, all with their buffers, and no
+/// wait hangs.
+#[test]
+fn shutdown_ends_requests_still_queued() {
+    for trial in 0..20 {
+        let (ia, ib) = MemNetwork::pair(1500);
+        let mut c = cfg(1, (2, ib.mac()), thread_mode());
+        c.protocol.peer_timeout_us = Some(60_000_000);
+        let mut ea = Engine::start(&c, ia).unwrap();
+        let mut a = ea.endpoint().unwrap();
+        let mut reqs = Vec::new();
+        for i in 0..400usize {
+            let r = if i % 4 == 0 {
+                a.irecv(None, i as u64, u64::MAX, vec![0u8; 7 + i]).unwrap()
+            } else {
+                a.isend(Addr::new(2, 0), i as u64, vec![1u8; 7 + i])
+                    .unwrap()
+            };
+            reqs.push((i, r));
+        }
+        ea.shutdown(Duration::ZERO).unwrap();
+        let t0 = Instant::now();
+        for (i, r) in reqs {
+            let done = a
+                .wait_timeout(r, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("trial {trial}, request {i}: {e}"))
+                .unwrap_or_else(|| panic!("trial {trial}, request {i} never ended"));
+            assert!(
+                matches!(done.result, Err(Error::ShutDown)),
+                "{:?}",
+                done.result
+            );
+            let len = match done.buf {
+                Buf::Send(b) => b.as_ref().len(),
+                Buf::Recv(b) => b.as_ref().len(),
+            };
+            assert_eq!(len, 7 + i, "trial {trial}: request {i}'s own buffer");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "no wait hung");
+        // Nothing is left to wait for, and a wait on nothing says so.
+        assert!(matches!(a.wait_any(&[]), Err(Error::UnknownRequest)));
+        drop(ib);
+    }
+}
+
 /// Several endpoints on one engine: one polling thread drives them all, each
 /// has its own rings, and frames reach the endpoint they are addressed to.
 #[test]

@@ -432,6 +432,10 @@ const STOPPED: u8 = 2;
 struct EpShared {
     cmds: ArrayQueue<Cmd>,
     events: ArrayQueue<Event>,
+    /// Events a stopped polling thread found no room for in `events`: taken
+    /// by the endpoint once it sees the engine stopped, so that no request is
+    /// left without its completion and buffer.
+    leftover: Mutex<VecDeque<Event>>,
     waiting: AtomicBool,
     waiter: Mutex<Option<Thread>>,
     /// The CPU the waiter parked on (`usize::MAX`: not known).
@@ -443,6 +447,7 @@ impl EpShared {
         EpShared {
             cmds: ArrayQueue::new(ring),
             events: ArrayQueue::new(ring),
+            leftover: Mutex::new(VecDeque::new()),
             waiting: AtomicBool::new(false),
             waiter: Mutex::new(None),
             waiter_cpu: AtomicUsize::new(usize::MAX),
@@ -452,7 +457,10 @@ impl EpShared {
     /// Wakes the endpoint's thread if it parked waiting for events; returns
     /// the CPU it parked on, when it woke one and the CPU is known.
     fn wake(&self, always: bool) -> Option<usize> {
-        if always || self.waiting.load(Ordering::Acquire) {
+        // Pairs with the fence in `Endpoint::idle`: either the endpoint sees
+        // the event just pushed before it parks, or this sees it waiting.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if always || self.waiting.load(Ordering::SeqCst) {
             if let Some(t) = self
                 .waiter
                 .lock()
@@ -503,12 +511,14 @@ const LINGER: Duration = Duration::from_millis(5);
 /// What closing an endpoint found.
 #[derive(Debug, Default)]
 pub struct ShutdownReport {
-    /// Requests that finished while draining.
+    /// Requests that finished on their own (before the close, untaken, or
+    /// while draining).
     pub drained: usize,
     /// Requests still outstanding at the deadline, aborted: they completed
     /// with [`Error::ShutDown`], their buffers handed back.
     pub aborted: usize,
-    /// Every request that was outstanding, with its completion (and buffer).
+    /// Every request the endpoint held (outstanding, or finished and not
+    /// yet taken), with its completion (and buffer).
     pub completed: Vec<(Request, Completed)>,
 }
 
@@ -676,12 +686,17 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + deadline);
         self.shared.state.store(STOPPING, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            t.join()
-                .map_err(|_| Error::Thread("polling thread panicked".into()))?;
-        }
+        let joined = self.thread.take().map(|t| t.join());
+        // Stopped whether the thread returned or died: waits on its
+        // endpoints end either way (see `Endpoint::wait_until`).
         self.shared.state.store(STOPPED, Ordering::Release);
-        Ok(())
+        for eps in &self.shared.eps {
+            eps.wake(true);
+        }
+        match joined {
+            Some(Err(_)) => Err(Error::Thread("polling thread panicked".into())),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -910,20 +925,26 @@ fn poll_thread(
                     aborted += 1;
                     file_completion(&mut ids, &mut backlog, ep, c);
                 });
-                // A full ring gets a bounded while for its application to drain it.
-                let give_up = Instant::now() + Duration::from_secs(1);
+                // Commands still queued will never reach a core: their
+                // requests end too. What the rings cannot take waits for
+                // each endpoint in its leftover list (it looks once it sees
+                // the engine stopped), so nothing is dropped.
                 for (ep, eps) in shared.eps.iter().enumerate() {
+                    while let Some(cmd) = eps.cmds.pop() {
+                        backlog[ep].extend(refused(cmd));
+                    }
                     while let Some(e) = backlog[ep].pop_front() {
                         if let Err(e) = eps.events.push(e) {
                             backlog[ep].push_front(e);
-                            eps.wake(true);
-                            if Instant::now() >= give_up {
-                                break;
-                            }
-                            std::thread::sleep(Duration::from_micros(100));
+                            break;
                         }
                     }
-                    eps.wake(true);
+                    if !backlog[ep].is_empty() {
+                        eps.leftover
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .extend(backlog[ep].drain(..));
+                    }
                 }
                 tracing::debug!(aborted, "polling thread stopped");
                 return;
@@ -934,6 +955,33 @@ fn poll_thread(
         } else {
             backoff.reset();
         }
+    }
+}
+
+/// A command that will never reach a core (the engine stopped): a send or a
+/// receive completes with [`Error::ShutDown`] and its buffer; anything else
+/// is dropped (a control call sees the engine stopped).
+fn refused(cmd: Cmd) -> Option<Event> {
+    let (req, buf) = match cmd {
+        Cmd::Send { req, buf, .. } => (req, Buf::Send(buf)),
+        Cmd::Recv { req, buf, .. } => (req, Buf::Recv(buf)),
+        _ => return None,
+    };
+    Some(Event::Done {
+        req,
+        c: Completed {
+            buf,
+            result: Err(Error::ShutDown),
+        },
+    })
+}
+
+/// Files an event from the polling thread in the endpoint's tables.
+fn take_event(requests: &mut Requests, reply: &mut Option<Event>, e: Event) {
+    match e {
+        Event::Finished(c) => requests.finish(c),
+        Event::Done { req, c } => requests.complete(req, c),
+        other => *reply = Some(other),
     }
 }
 
@@ -1193,13 +1241,25 @@ impl Endpoint {
                 .progress_inline(self.clock.now(), &mut self.requests)
                 .idle(),
             Mode::Thread => {
+                let eps = &self.shared.eps[self.ep];
+                // Read first: once stopped, the polling thread pushes nothing
+                // more, so the rings drained below hold all there is.
+                let stopped = self.shared.state.load(Ordering::Acquire) == STOPPED;
                 let mut any = false;
-                while let Some(e) = self.shared.eps[self.ep].events.pop() {
+                while let Some(e) = eps.events.pop() {
                     any = true;
-                    match e {
-                        Event::Finished(c) => self.requests.finish(c),
-                        Event::Done { req, c } => self.requests.complete(req, c),
-                        other => self.reply = Some(other),
+                    take_event(&mut self.requests, &mut self.reply, e);
+                }
+                if stopped {
+                    // What the stopped thread had no ring room for, and the
+                    // commands it never saw (pushed as it stopped).
+                    let left = std::mem::take(
+                        &mut *eps.leftover.lock().unwrap_or_else(|e| e.into_inner()),
+                    );
+                    let unseen = std::iter::from_fn(|| eps.cmds.pop()).filter_map(refused);
+                    for e in left.into_iter().chain(unseen) {
+                        any = true;
+                        take_event(&mut self.requests, &mut self.reply, e);
                     }
                 }
                 any
@@ -1281,11 +1341,13 @@ impl Endpoint {
         let mut spins = 0u32;
         let mut polls = 0u32;
         let mut deadline = None;
+        if reqs.is_empty() {
+            // Nothing to wait for would never end.
+            return Err(Error::UnknownRequest);
+        }
         loop {
-            for (i, r) in reqs.iter().enumerate() {
-                if self.requests.is_done(*r)? {
-                    return Ok(Some((i, self.requests.take_done(*r))));
-                }
+            if let Some(done) = self.take_first_done(reqs)? {
+                return Ok(Some(done));
             }
             if let Some(t) = timeout {
                 polls = polls.wrapping_add(1);
@@ -1304,15 +1366,36 @@ impl Endpoint {
                 spins = 0;
                 continue;
             }
+            if matches!(self.mode, Mode::Thread)
+                && self.shared.state.load(Ordering::Acquire) == STOPPED
+            {
+                // The polling thread is gone: this progress call takes all it
+                // left. A request still pending after it died with the thread.
+                self.progress();
+                return match self.take_first_done(reqs)? {
+                    Some(done) => Ok(Some(done)),
+                    None => Err(Error::ShutDown),
+                };
+            }
             self.idle(&mut spins);
         }
+    }
+
+    /// The first of `reqs` that finished, taken.
+    fn take_first_done(&mut self, reqs: &[Request]) -> Result<Option<(usize, Completed)>, Error> {
+        for (i, r) in reqs.iter().enumerate() {
+            if self.requests.is_done(*r)? {
+                return Ok(Some((i, self.requests.take_done(*r))));
+            }
+        }
+        Ok(None)
     }
 
     fn idle(&mut self, spins: &mut u32) {
         /// Idle polls an inline wait makes back to back before it pauses
         /// between them (a few microseconds' worth).
         const INLINE_EAGER_SPINS: u32 = 128;
-        *spins += 1;
+        *spins = spins.saturating_add(1);
         match self.mode {
             // No pause while a reply may be a round trip away (a pause is
             // about 30 ns on the development VM, most of an idle poll): a
@@ -1344,7 +1427,11 @@ impl Endpoint {
                 );
                 self.shared.eps[self.ep]
                     .waiting
-                    .store(true, Ordering::Release);
+                    .store(true, Ordering::SeqCst);
+                // Pairs with the fence in `EpShared::wake`: either the poller
+                // sees this waiting, or this sees its event (a release store
+                // followed by a load may pass it, and both would miss).
+                std::sync::atomic::fence(Ordering::SeqCst);
                 if self.shared.eps[self.ep].events.is_empty()
                     && self.shared.state.load(Ordering::Acquire) != STOPPED
                 {
@@ -1402,6 +1489,11 @@ impl Endpoint {
     }
 
     fn control(&mut self, cmd: Cmd) -> Result<Event, Error> {
+        if self.shared.state.load(Ordering::Acquire) != RUNNING {
+            // Nobody would answer (and a late reply to an earlier call must
+            // not pass for this one's).
+            return Err(Error::ShutDown);
+        }
         self.push_cmd(cmd).map_err(|_| Error::WouldBlock)?;
         let mut spins = 0;
         loop {
@@ -1509,7 +1601,9 @@ impl Endpoint {
     /// when the engine and its endpoints are gone.
     pub fn close(mut self, deadline: Duration) -> ShutdownReport {
         self.closed = true;
-        let pending: Vec<Request> = self.requests.pending().collect();
+        // Finished ones not yet taken too: their buffers come back in the
+        // report rather than go down with the endpoint.
+        let pending: Vec<Request> = self.requests.live().collect();
         let mut spins = 0;
         let until = Instant::now() + deadline;
         let drained = |r: &Requests| pending.iter().all(|&q| r.is_done(q).unwrap_or(true));

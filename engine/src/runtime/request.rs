@@ -231,12 +231,13 @@ impl Requests {
         }
     }
 
-    /// Every request still pending.
-    pub(crate) fn pending(&self) -> impl Iterator<Item = Request> + '_ {
+    /// Every request whose handle is live: pending, or finished and not
+    /// yet taken.
+    pub(crate) fn live(&self) -> impl Iterator<Item = Request> + '_ {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| matches!(s.state, State::Pending))
+            .filter(|(_, s)| !matches!(s.state, State::Free))
             .map(|(i, s)| Request::new(i as u32, s.gen))
     }
 }
