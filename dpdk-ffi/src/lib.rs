@@ -55,7 +55,7 @@ pub use eal::{Eal, EalBuilder, HugepageMode};
 pub use error::{Errno, Error, Result};
 pub use extmem::{ExtBuf, ExtMem};
 pub use guard::unmap_guarded;
-pub use mbuf::{Burst, Mbuf, BURST};
+pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for_mtu, Mempool, DEFAULT_DATA_ROOM};
 pub use port::{LinkStatus, Port, PortConfig, PortStats, RxQueue, TxQueue, MEMIF_MAX_MTU};
 pub use thread::ThreadRegistration;

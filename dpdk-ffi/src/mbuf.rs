@@ -417,12 +417,16 @@ impl<const N: usize> Burst<N> {
         Ok(n)
     }
 
-    /// Moves the mbufs out in order.
-    pub fn drain(&mut self) -> impl Iterator<Item = Mbuf> + '_ {
-        let len = std::mem::take(&mut self.len);
-        // SAFETY: slots 0..len are initialised and, with len now 0, owned by the
-        // iterator alone; each is read once.
-        (0..len).map(move |i| unsafe { self.bufs[i].assume_init_read() })
+    /// Moves the mbufs out in order; those the iterator has not given out
+    /// when it is dropped (a loop left early) are freed.
+    pub fn drain(&mut self) -> Drain<'_, N> {
+        // The burst is empty from here on: the slots belong to the iterator.
+        let end = std::mem::take(&mut self.len);
+        Drain {
+            bufs: &mut self.bufs,
+            next: 0,
+            end,
+        }
     }
 
     /// Frees every mbuf in the burst.
@@ -468,6 +472,54 @@ impl<const N: usize> Burst<N> {
         let p = self.bufs.as_mut_ptr();
         std::ptr::copy(p.add(n), p, rest);
         self.len = rest;
+    }
+}
+
+/// The mbufs of a [`Burst`], moved out in order ([`Burst::drain`]). Dropping
+/// it frees the ones not taken, so a loop that ends early (`break`, `?`)
+/// leaks nothing.
+pub struct Drain<'a, const N: usize> {
+    bufs: &'a mut [MaybeUninit<Mbuf>; N],
+    /// The next slot to give out; slots `next..end` are still owned here.
+    next: usize,
+    end: usize,
+}
+
+impl<const N: usize> Iterator for Drain<'_, N> {
+    type Item = Mbuf;
+
+    fn next(&mut self) -> Option<Mbuf> {
+        if self.next == self.end {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        // SAFETY: slots below `end` were initialised when the drain began and
+        // are owned by it alone; `next` moved past this one, so it is read once.
+        Some(unsafe { self.bufs[i].assume_init_read() })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.end - self.next;
+        (n, Some(n))
+    }
+}
+
+impl<const N: usize> ExactSizeIterator for Drain<'_, N> {}
+
+impl<const N: usize> Drop for Drain<'_, N> {
+    fn drop(&mut self) {
+        let n = self.end - self.next;
+        if n > 0 {
+            // SAFETY: slots next..end hold owned mbufs that were never given
+            // out (MaybeUninit<Mbuf> has the layout of an mbuf pointer); the
+            // drain ends here, so they are freed exactly once.
+            unsafe {
+                let p = self.bufs.as_mut_ptr().add(self.next) as *mut *mut sys::rte_mbuf;
+                sys::rte_pktmbuf_free_bulk(p, n as u32);
+            }
+            self.next = self.end;
+        }
     }
 }
 

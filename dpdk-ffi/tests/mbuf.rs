@@ -49,6 +49,21 @@ fn bounds_and_chains() {
     );
     drop(burst);
     assert_eq!(pool.in_use(), 0, "a burst frees what it holds");
+
+    // A drain left early frees what it did not give out.
+    let mut burst: Burst<8> = Burst::new();
+    burst.alloc_fill(&pool).unwrap();
+    let mut taken = Vec::new();
+    for (i, m) in burst.drain().enumerate() {
+        taken.push(m);
+        if i == 2 {
+            break;
+        }
+    }
+    assert!(burst.is_empty());
+    assert_eq!(pool.in_use(), 3, "only the three taken are left");
+    drop(taken);
+    assert_eq!(pool.in_use(), 0);
 }
 
 #[test]
