@@ -95,6 +95,8 @@ struct PortInner {
     tx_taken: Vec<AtomicBool>,
     /// The device, when this handle probed it and must remove it.
     hotplugged: Option<*mut sys::rte_device>,
+    /// The port is this handle's (released after the port is closed).
+    _claim: Claim,
     // Dropped after the port is closed: the rx queues hold its mbufs until then.
     _pool: Mempool,
     _eal: Eal,
@@ -187,12 +189,16 @@ impl Port {
                 available,
             });
         }
+        // Before anything touches the port: one that another handle has open
+        // is left alone (the failure paths below stop and close the port).
+        let claim = Claim::take(id)?;
         let mut info = sys::rte_eth_dev_info::default();
         // SAFETY: valid port id; info is a writable rte_eth_dev_info.
         unsafe { sys::rte_eth_dev_info_get(id, &mut info) }.check("rte_eth_dev_info_get")?;
         // Remove the device on drop only if this handle created it. Built here,
         // so that a failure below still stops, closes and removes it.
         let mut inner = PortInner {
+            _claim: claim,
             id,
             name: port_name(id),
             mac: [0; 6],
@@ -450,6 +456,39 @@ fn take(flags: &[AtomicBool], port: u16, queue: u16) -> Result<()> {
 }
 
 /// When a memif port of this process was last stopped (ns since START), or 0.
+/// Port ids that a live [`Port`] owns in this process.
+static CLAIMED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A port id owned by one [`Port`] (and its clones) until dropped. A second
+/// handle set up on the same port would reconfigure it under the first, and
+/// its failure path or its drop would stop and close it while the first one's
+/// queues are polled.
+struct Claim(u16);
+
+impl Claim {
+    fn take(id: u16) -> Result<Claim> {
+        let mut claimed = CLAIMED.lock().unwrap_or_else(|e| e.into_inner());
+        if !claimed.insert(id) {
+            return Err(Error::Config(format!(
+                "port {id} ({}) is already open in this process: use (or clone) the Port \
+                 that has it, or drop that one first",
+                port_name(id)
+            )));
+        }
+        Ok(Claim(id))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        CLAIMED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
+}
+
 static MEMIF_STOPPED_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 

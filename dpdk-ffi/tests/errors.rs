@@ -132,3 +132,63 @@ fn queue_has_one_owner_at_a_time_and_bounds() {
         "memif's buffers: {err:?}"
     );
 }
+
+/// A second handle on a port that a live `Port` has open is refused before it
+/// touches the port: before, its failure path stopped and closed the port
+/// under the first handle's queues.
+#[test]
+fn a_port_open_elsewhere_is_left_alone() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "e-claim", 1023, 0, DEFAULT_DATA_ROOM).unwrap();
+    let sock = socket("claim");
+    let devargs = format!("net_memif4,role=server,id=0,socket={sock}");
+    let a = Port::from_devargs(&eal, &devargs, &PortConfig::default(), &pool).unwrap();
+    let b = Port::from_devargs(
+        &eal,
+        &format!("net_memif5,role=client,id=0,socket={sock}"),
+        &PortConfig::default(),
+        &pool,
+    )
+    .unwrap();
+    for p in [&a, &b] {
+        p.wait_link(std::time::Duration::from_secs(10)).unwrap();
+    }
+    let bad = PortConfig {
+        rx_queues: 0,
+        ..PortConfig::default()
+    };
+    for err in [
+        Port::open(&eal, a.id(), &bad, &pool).unwrap_err(),
+        Port::open(&eal, a.id(), &PortConfig::default(), &pool).unwrap_err(),
+        Port::from_devargs(&eal, &devargs, &PortConfig::default(), &pool).unwrap_err(),
+    ] {
+        assert!(err.to_string().contains("already open"), "{err}");
+    }
+    // The first handle's port still runs: a frame goes through.
+    let (mut tx, mut rx) = (a.tx_queue(0).unwrap(), b.rx_queue(0).unwrap());
+    let mut m = Mbuf::alloc(&pool).unwrap();
+    m.extend_from_slice(&[0xAB; 60]).unwrap();
+    let mut got: dpdk_ffi::Burst<4> = dpdk_ffi::Burst::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut m = Some(m);
+    while got.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the port stopped");
+        rx.rx_burst(&mut got);
+        if let Some(f) = m.take() {
+            if let Err(back) = tx.tx_one(f) {
+                m = Some(back);
+            }
+        }
+    }
+    assert_eq!(got[0].data(), &[0xAB; 60][..]);
+    // Once the first handle is gone, the port can be opened again.
+    let id = b.id();
+    drop((tx, rx, got, b));
+    let again = Port::from_devargs(
+        &eal,
+        &format!("net_memif5,role=client,id=0,socket={sock}"),
+        &PortConfig::default(),
+        &pool,
+    );
+    assert!(again.is_ok(), "{:?} (port {id})", again.err());
+}
