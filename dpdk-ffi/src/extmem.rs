@@ -147,12 +147,14 @@ impl ExtMem {
             })
             .collect();
         let mut iova_arg = iovas.clone();
+        let control = crate::control::control();
         // SAFETY: base..base+len is mapped, page-aligned, a whole number of pages
         // of page_size, and iova_arg has one entry per page.
         let r = unsafe {
             sys::rte_extmem_register(p, len, iova_arg.as_mut_ptr(), pages as u32, page_size)
         }
         .check("rte_extmem_register");
+        drop(control);
         if let Err(e) = r {
             // SAFETY: unmapping what was mapped above; nothing refers to it.
             unsafe { libc::munmap(p, len) };
@@ -186,6 +188,7 @@ impl ExtMem {
     /// NIC without VFIO). Mapping a port twice is a no-op. The mapping lasts
     /// as long as the region.
     pub fn dma_map(&self, port: &Port) -> Result<bool> {
+        let _control = crate::control::control();
         let mut mapped = self.0.mapped.lock().unwrap_or_else(|e| e.into_inner());
         if mapped.iter().any(|p| p.id() == port.id()) {
             return Ok(true);
@@ -357,6 +360,7 @@ impl RegionInner {
 
 impl Drop for RegionInner {
     fn drop(&mut self) {
+        let _control = crate::control::control();
         let ports = std::mem::take(self.mapped.get_mut().unwrap_or_else(|e| e.into_inner()));
         if !ports.is_empty() {
             let runs = self.iova_runs();

@@ -39,6 +39,7 @@
 
 pub mod sys;
 
+mod control;
 mod cpu;
 mod eal;
 mod error;

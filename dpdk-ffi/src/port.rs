@@ -95,8 +95,9 @@ struct PortInner {
     tx_taken: Vec<AtomicBool>,
     /// The device, when this handle probed it and must remove it.
     hotplugged: Option<*mut sys::rte_device>,
-    /// The port is this handle's (released after the port is closed).
-    _claim: Claim,
+    /// The port is this handle's (released once the port is closed, still in
+    /// the control path: the id may go to the next device probed).
+    claim: Option<Claim>,
     // Dropped after the port is closed: the rx queues hold its mbufs until then.
     _pool: Mempool,
     _eal: Eal,
@@ -133,6 +134,7 @@ impl Port {
         cfg: &PortConfig,
         pool: &Mempool,
     ) -> Result<Port> {
+        let _control = crate::control::control();
         let name = devargs.split(',').next().unwrap_or_default().trim();
         let sized;
         let devargs = match memif_sizing(name, devargs, cfg.mtu)? {
@@ -177,6 +179,7 @@ impl Port {
     /// Sets up an existing port: configures its queues and MTU, binds its
     /// receive queues to `pool`, and starts it.
     pub fn open(eal: &Eal, id: u16, cfg: &PortConfig, pool: &Mempool) -> Result<Port> {
+        let _control = crate::control::control();
         Self::setup(eal, id, cfg, pool, false)
     }
 
@@ -198,7 +201,7 @@ impl Port {
         // Remove the device on drop only if this handle created it. Built here,
         // so that a failure below still stops, closes and removes it.
         let mut inner = PortInner {
-            _claim: claim,
+            claim: Some(claim),
             id,
             name: port_name(id),
             mac: [0; 6],
@@ -521,6 +524,7 @@ impl PortInner {
 
 impl Drop for PortInner {
     fn drop(&mut self) {
+        let _control = crate::control::control();
         self.settle_memif_disconnect();
         // SAFETY: no queue handle is left (each holds an Arc of this), so no
         // thread is in rx/tx burst; stop before close, close before remove.
@@ -531,6 +535,7 @@ impl Drop for PortInner {
                 sys::rte_dev_remove(dev);
             }
         }
+        drop(self.claim.take());
         if self.name.starts_with("net_memif") {
             let start = START.get_or_init(Instant::now);
             MEMIF_STOPPED_AT.store(
