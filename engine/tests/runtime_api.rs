@@ -469,6 +469,41 @@ fn shutdown_ends_requests_still_queued() {
     }
 }
 
+/// A handle belongs to the endpoint that gave it: another endpoint (of the
+/// same engine or another) refuses it as unknown rather than take or cancel a
+/// request of its own that happens to sit in the same slot.
+#[test]
+fn a_handle_from_another_endpoint_is_unknown() {
+    for mode in [ProgressMode::Inline, thread_mode()] {
+        let (ia, ib) = MemNetwork::pair(1500);
+        let (ma, mb) = (ia.mac(), ib.mac());
+        let mut ea = Engine::start(&cfg(1, (2, mb), mode.clone()), ia).unwrap();
+        let mut eb = Engine::start(&cfg(2, (1, ma), mode.clone()), ib).unwrap();
+        let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+        // The same slot in each table: each endpoint's first request.
+        let ra = a.irecv(None, 1, u64::MAX, vec![0u8; 8]).unwrap();
+        let rb = b.irecv(None, 1, u64::MAX, vec![0u8; 8]).unwrap();
+        assert!(matches!(b.test(ra), Err(Error::UnknownRequest)), "{mode:?}");
+        assert!(
+            matches!(b.cancel(ra), Err(Error::UnknownRequest)),
+            "{mode:?}"
+        );
+        assert!(matches!(a.test(rb), Err(Error::UnknownRequest)), "{mode:?}");
+        // Their own handles still work: both receives are still posted, and
+        // each endpoint cancels its own.
+        for (ep, r) in [(&mut a, ra), (&mut b, rb)] {
+            assert!(ep.test(r).unwrap().is_none(), "{mode:?}");
+            assert!(ep.cancel(r).unwrap(), "{mode:?}");
+            let done = ep.wait(r).unwrap();
+            assert!(
+                matches!(done.result, Err(Error::Request(RequestError::Cancelled))),
+                "{mode:?}: {:?}",
+                done.result
+            );
+        }
+    }
+}
+
 /// Several endpoints on one engine: one polling thread drives them all, each
 /// has its own rings, and frames reach the endpoint they are addressed to.
 #[test]

@@ -121,12 +121,24 @@ pub(crate) struct Requests {
     free: Vec<u32>,
 }
 
+/// The next table's place among generation bases (see [`Requests::new`]).
+static NEXT_TABLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 impl Requests {
     pub(crate) fn new(n: usize) -> Requests {
+        // Each table's generations start 2^24 apart from the last one's (a
+        // slot would have to be reused 16 million times to reach the next
+        // table's), so that a handle from another endpoint, or another
+        // engine, is refused as unknown rather than taken for one of this
+        // table's. Never 0.
+        let base = NEXT_TABLE
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .wrapping_shl(24)
+            | 1;
         Requests {
             slots: (0..n)
                 .map(|_| Slot {
-                    gen: 1,
+                    gen: base,
                     state: State::Free,
                     core: None,
                 })
