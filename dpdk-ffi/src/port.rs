@@ -103,8 +103,11 @@ struct PortInner {
     _eal: Eal,
 }
 
-// SAFETY: the control-path calls made through PortInner (stats, link, stop,
-// close) are thread-safe in DPDK; the device pointer is only used in Drop.
+// SAFETY: setup, teardown (configure, start, stop, close, remove) and the
+// statistics, which DPDK does not make thread-safe, run under the crate's
+// control lock (`crate::control`); the other queries made through a shared
+// PortInner (link status, name, MAC) only read; the device pointer is only
+// used in Drop.
 unsafe impl Send for PortInner {}
 // SAFETY: as above; queues, which are not thread-safe, are separate owned types.
 unsafe impl Sync for PortInner {}
@@ -148,8 +151,15 @@ impl Port {
             devargs: devargs.into(),
             errno: Some(Errno(libc::EINVAL)),
         })?;
-        // SAFETY: a valid NUL-terminated string; the EAL is running.
-        let ret = unsafe { sys::rte_dev_probe(cdev.as_ptr()) };
+        // A device that exists already is not probed again: DPDK 22.11's memif
+        // answers a second probe of a live interface by breaking its control
+        // channel (the interrupt thread then panicked on a closed fd).
+        let existing = port_by_name(name);
+        let ret = match existing {
+            Some(_) => -libc::EEXIST,
+            // SAFETY: a valid NUL-terminated string; the EAL is running.
+            None => unsafe { sys::rte_dev_probe(cdev.as_ptr()) },
+        };
         let created = match ret {
             0 => true,
             r if r == -libc::EEXIST => false,
@@ -388,6 +398,8 @@ impl Port {
 
     /// The port's counters.
     pub fn stats(&self) -> Result<PortStats> {
+        // (Some drivers total their counters up in shared state as they go.)
+        let _control = crate::control::control();
         let mut s = sys::rte_eth_stats::default();
         // SAFETY: valid port; s is writable.
         unsafe { sys::rte_eth_stats_get(self.0.id, &mut s) }.check("rte_eth_stats_get")?;
@@ -458,7 +470,6 @@ fn take(flags: &[AtomicBool], port: u16, queue: u16) -> Result<()> {
     Ok(())
 }
 
-/// When a memif port of this process was last stopped (ns since START), or 0.
 /// Port ids that a live [`Port`] owns in this process.
 static CLAIMED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
@@ -492,6 +503,7 @@ impl Drop for Claim {
     }
 }
 
+/// When a memif port of this process was last stopped (ns since START), or 0.
 static MEMIF_STOPPED_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 

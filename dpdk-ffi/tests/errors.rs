@@ -164,7 +164,9 @@ fn a_port_open_elsewhere_is_left_alone() {
     ] {
         assert!(err.to_string().contains("already open"), "{err}");
     }
-    // The first handle's port still runs: a frame goes through.
+    // The first handle's port still runs: a frame goes through. (The same
+    // devargs again is refused without a second probe, which DPDK 22.11's memif
+    // answered by breaking the live interface's control channel.)
     let (mut tx, mut rx) = (a.tx_queue(0).unwrap(), b.rx_queue(0).unwrap());
     let mut m = Mbuf::alloc(&pool).unwrap();
     m.extend_from_slice(&[0xAB; 60]).unwrap();
@@ -181,16 +183,8 @@ fn a_port_open_elsewhere_is_left_alone() {
         }
     }
     assert_eq!(got[0].data(), &[0xAB; 60][..]);
-    // Once the first handle is gone, the port can be opened again.
-    let id = b.id();
-    drop((tx, rx, got, b));
-    let again = Port::from_devargs(
-        &eal,
-        &format!("net_memif5,role=client,id=0,socket={sock}"),
-        &PortConfig::default(),
-        &pool,
-    );
-    assert!(again.is_ok(), "{:?} (port {id})", again.err());
+    // (A port opens again once its handle is gone: the two-thread test below
+    // does that every round.)
 }
 
 /// `Port` is `Sync`, so safe code may set ports up and tear them down on two
