@@ -168,21 +168,8 @@ fn a_port_open_elsewhere_is_left_alone() {
     // devargs again is refused without a second probe, which DPDK 22.11's memif
     // answered by breaking the live interface's control channel.)
     let (mut tx, mut rx) = (a.tx_queue(0).unwrap(), b.rx_queue(0).unwrap());
-    let mut m = Mbuf::alloc(&pool).unwrap();
-    m.extend_from_slice(&[0xAB; 60]).unwrap();
-    let mut got: dpdk_ffi::Burst<4> = dpdk_ffi::Burst::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let mut m = Some(m);
-    while got.is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the port stopped");
-        rx.rx_burst(&mut got);
-        if let Some(f) = m.take() {
-            if let Err(back) = tx.tx_one(f) {
-                m = Some(back);
-            }
-        }
-    }
-    assert_eq!(got[0].data(), &[0xAB; 60][..]);
+    let got = send_and_receive(&mut tx, &mut rx, mbuf_of(&pool, &[0xAB; 60]));
+    assert_eq!(got.data(), &[0xAB; 60][..]);
     // (A port opens again once its handle is gone: the two-thread test below
     // does that every round.)
 }
@@ -226,19 +213,8 @@ fn ports_come_and_go_on_two_threads_at_once() {
                         p.wait_link(std::time::Duration::from_secs(10)).unwrap();
                     }
                     let (mut tx, mut rx) = (a.tx_queue(0).unwrap(), b.rx_queue(0).unwrap());
-                    let mut m = Some(mbuf_of(pool, &[t; 60]));
-                    let mut got: dpdk_ffi::Burst<4> = dpdk_ffi::Burst::new();
-                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-                    while got.is_empty() {
-                        assert!(std::time::Instant::now() < deadline, "thread {t}: no frame");
-                        rx.rx_burst(&mut got);
-                        if let Some(f) = m.take() {
-                            if let Err(back) = tx.tx_one(f) {
-                                m = Some(back);
-                            }
-                        }
-                    }
-                    assert_eq!(got[0].data(), &[t; 60][..]);
+                    let got = send_and_receive(&mut tx, &mut rx, mbuf_of(pool, &[t; 60]));
+                    assert_eq!(got.data(), &[t; 60][..], "thread {t}, round {round}");
                 }
             });
         }

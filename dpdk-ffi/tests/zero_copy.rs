@@ -6,10 +6,9 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use common::*;
-use dpdk_ffi::{Burst, ExtMem, HugepageMode, Mbuf, Mempool, DEFAULT_DATA_ROOM};
+use dpdk_ffi::{ExtMem, HugepageMode, Mbuf, Mempool, DEFAULT_DATA_ROOM};
 
 fn counter() -> (Arc<AtomicUsize>, impl FnOnce() + Send + 'static) {
     let c = Arc::new(AtomicUsize::new(0));
@@ -17,23 +16,6 @@ fn counter() -> (Arc<AtomicUsize>, impl FnOnce() + Send + 'static) {
     (c, move || {
         c2.fetch_add(1, Ordering::SeqCst);
     })
-}
-
-/// Transmits `m` and returns it as received. memif's server can only transmit
-/// into descriptors the client posted in its receive call, so the receiver is
-/// polled while the transmitter is refused.
-fn send_and_receive(tx: &mut dpdk_ffi::TxQueue, rx: &mut dpdk_ffi::RxQueue, mut m: Mbuf) -> Mbuf {
-    let mut b: Burst<1> = Burst::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while let Err(back) = tx.tx_one(m) {
-        assert!(Instant::now() < deadline, "transmit never accepted");
-        assert_eq!(rx.rx_burst(&mut b), 0, "nothing else is in flight");
-        m = back;
-    }
-    while rx.rx_burst(&mut b) == 0 {
-        assert!(Instant::now() < deadline, "frame never arrived");
-    }
-    b.pop().unwrap()
 }
 
 #[test]

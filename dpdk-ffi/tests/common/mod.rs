@@ -122,3 +122,20 @@ pub fn exchange(tx: &mut TxQueue, rx: &mut RxQueue, pool: &Mempool, mtu: u16, se
     }
     most_segs
 }
+
+/// Transmits `m` and returns it as received. memif's server can only transmit
+/// into descriptors the client posted in its receive call, so the receiver is
+/// polled while the transmitter is refused.
+pub fn send_and_receive(tx: &mut TxQueue, rx: &mut RxQueue, mut m: Mbuf) -> Mbuf {
+    let mut b: Burst<1> = Burst::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(back) = tx.tx_one(m) {
+        assert!(Instant::now() < deadline, "transmit never accepted");
+        assert_eq!(rx.rx_burst(&mut b), 0, "nothing else is in flight");
+        m = back;
+    }
+    while rx.rx_burst(&mut b) == 0 {
+        assert!(Instant::now() < deadline, "frame never arrived");
+    }
+    b.pop().unwrap()
+}
