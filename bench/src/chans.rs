@@ -341,6 +341,23 @@ impl EmxSide {
         Ok(())
     }
 
+    /// [`buffers`](Self::buffers) for one side of a stream with `depth`
+    /// messages in flight each way it goes: a buffer per receive when it
+    /// `recvs`, and per send when it `sends` from multiple buffers (single
+    /// sends share one).
+    pub(crate) fn stream_buffers(
+        &mut self,
+        size: usize,
+        depth: usize,
+        sends: bool,
+        recvs: bool,
+        from: SendBuffers,
+    ) -> Result<(), String> {
+        let from = if sends { from } else { SendBuffers::Multiple };
+        let per_send = usize::from(sends && from == SendBuffers::Multiple);
+        self.buffers(size, depth * (per_send + usize::from(recvs)), from)
+    }
+
     pub(crate) fn post(&mut self, tag: u64) -> bool {
         let Some(b) = self.free.pop() else {
             return false;

@@ -923,9 +923,7 @@ impl Session {
         })?;
         let control = &mut self.control;
         let s = self.chans.side(ep);
-        // A buffer per send (unless they share one), and per receive both ways.
-        let per_send = usize::from(sends == SendBuffers::Multiple);
-        s.buffers(size, window * (per_send + usize::from(bidir)), sends)?;
+        s.stream_buffers(size, window, true, bidir, sends)?;
         let mut got = (Stream::default(), 0u64, 0u64);
         let end = Instant::now() + pace.warmup + pace.time;
         let mut n = 0u64;
@@ -1207,15 +1205,10 @@ impl Echo {
                         depth,
                         back,
                         sends,
-                    } => {
-                        // A buffer per receive, and per send back (unless
-                        // they share one).
-                        let sends = if back { sends } else { SendBuffers::Multiple };
-                        let per_send = usize::from(back && sends == SendBuffers::Multiple);
-                        self.chans
-                            .side(ep)
-                            .buffers(size, depth * (1 + per_send), sends)?
-                    }
+                    } => self
+                        .chans
+                        .side(ep)
+                        .stream_buffers(size, depth, back, true, sends)?,
                     _ => {}
                 }
                 self.ctl.running.store(g, Ordering::Release);

@@ -454,6 +454,20 @@ impl EpShared {
         }
     }
 
+    /// Moves events from the front of `backlog` into the ring while it has
+    /// room; returns whether any went.
+    fn deliver(&self, backlog: &mut VecDeque<Event>) -> bool {
+        let mut any = false;
+        while let Some(e) = backlog.pop_front() {
+            if let Err(e) = self.events.push(e) {
+                backlog.push_front(e);
+                break;
+            }
+            any = true;
+        }
+        any
+    }
+
     /// Wakes the endpoint's thread if it parked waiting for events; returns
     /// the CPU it parked on, when it woke one and the CPU is known.
     fn wake(&self, always: bool) -> Option<usize> {
@@ -888,15 +902,7 @@ fn poll_thread(
         let mut delivered = false;
         let mut woke_here = false;
         for (ep, eps) in shared.eps.iter().enumerate() {
-            let mut any = false;
-            while let Some(e) = backlog[ep].pop_front() {
-                if let Err(e) = eps.events.push(e) {
-                    backlog[ep].push_front(e);
-                    break;
-                }
-                any = true;
-            }
-            if any {
+            if eps.deliver(&mut backlog[ep]) {
                 let cpu = eps.wake(false);
                 woke_here |= cpu.is_some() && cpu == shared.poller_core;
                 delivered = true;
@@ -933,12 +939,7 @@ fn poll_thread(
                     while let Some(cmd) = eps.cmds.pop() {
                         backlog[ep].extend(refused(cmd));
                     }
-                    while let Some(e) = backlog[ep].pop_front() {
-                        if let Err(e) = eps.events.push(e) {
-                            backlog[ep].push_front(e);
-                            break;
-                        }
-                    }
+                    eps.deliver(&mut backlog[ep]);
                     if !backlog[ep].is_empty() {
                         eps.leftover
                             .lock()
