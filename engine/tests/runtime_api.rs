@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use emx::io::{Mac, MemIo, MemNetwork, PacketIo};
 use emx::proto::{Addr, RequestError};
 use emx::runtime::{
-    Buf, Engine, EngineConfig, Error, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf,
+    Buf, Endpoint, Engine, EngineConfig, Error, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf,
 };
 
 fn cfg(node: u16, peer: (u16, Mac), progress: ProgressMode) -> EngineConfig {
@@ -23,6 +23,17 @@ fn cfg(node: u16, peer: (u16, Mac), progress: ProgressMode) -> EngineConfig {
         },
         ..EngineConfig::with_peer(node, peer.0, peer.1)
     }
+}
+
+/// Nodes 1 and 2 joined by an in-memory link, each engine in `mode`, with
+/// their endpoints.
+fn joined(mode: &ProgressMode) -> (Engine, Engine, Endpoint, Endpoint) {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut ea = Engine::start(&cfg(1, (2, mb), mode.clone()), ia).unwrap();
+    let mut eb = Engine::start(&cfg(2, (1, ma), mode.clone()), ib).unwrap();
+    let (a, b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    (ea, eb, a, b)
 }
 
 fn thread_mode() -> ProgressMode {
@@ -164,11 +175,7 @@ fn inline_lone_send_leaves_in_isend() {
 /// A bounded wait returns `None` after its timeout, not before, and leaves
 /// the request to be waited on again.
 fn bounded_wait(mode: ProgressMode) {
-    let (ia, ib) = MemNetwork::pair(1500);
-    let (ma, mb) = (ia.mac(), ib.mac());
-    let mut ea = Engine::start(&cfg(1, (2, mb), mode.clone()), ia).unwrap();
-    let mut eb = Engine::start(&cfg(2, (1, ma), mode), ib).unwrap();
-    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    let (ea, eb, mut a, mut b) = joined(&mode);
     let r = b
         .irecv(Some(Addr::new(1, 0)), 7, !0, vec![0u8; 64])
         .unwrap();
@@ -213,11 +220,7 @@ fn polling_thread_bounded_wait() {
 #[test]
 fn probe_cancel_and_stale_handles() {
     for mode in [ProgressMode::Inline, thread_mode()] {
-        let (ia, ib) = MemNetwork::pair(1500);
-        let (ma, mb) = (ia.mac(), ib.mac());
-        let mut ea = Engine::start(&cfg(1, (2, mb), mode.clone()), ia).unwrap();
-        let mut eb = Engine::start(&cfg(2, (1, ma), mode.clone()), ib).unwrap();
-        let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+        let (_ea, _eb, mut a, mut b) = joined(&mode);
         let s = a.isend(Addr::new(2, 0), 42, vec![9u8; 100]).unwrap();
         // Unexpected at b until a receive is posted: probe sees it.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -475,11 +478,7 @@ fn shutdown_ends_requests_still_queued() {
 #[test]
 fn a_handle_from_another_endpoint_is_unknown() {
     for mode in [ProgressMode::Inline, thread_mode()] {
-        let (ia, ib) = MemNetwork::pair(1500);
-        let (ma, mb) = (ia.mac(), ib.mac());
-        let mut ea = Engine::start(&cfg(1, (2, mb), mode.clone()), ia).unwrap();
-        let mut eb = Engine::start(&cfg(2, (1, ma), mode.clone()), ib).unwrap();
-        let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+        let (_ea, _eb, mut a, mut b) = joined(&mode);
         // The same slot in each table: each endpoint's first request.
         let ra = a.irecv(None, 1, u64::MAX, vec![0u8; 8]).unwrap();
         let rb = b.irecv(None, 1, u64::MAX, vec![0u8; 8]).unwrap();
