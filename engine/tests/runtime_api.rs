@@ -332,6 +332,74 @@ fn full_ring_would_block_and_nothing_is_lost() {
     }
 }
 
+/// Completions held back by a full completion ring reach the application as
+/// soon as it makes room, also when the polling thread has backed off to
+/// sleeping: the endpoint that takes events wakes it.
+#[test]
+fn room_in_a_full_ring_wakes_the_polling_thread() {
+    const RING: usize = 32;
+    const ROUNDS: usize = 20;
+    let (ia, ib) = MemNetwork::pair(1500);
+    let mut c = cfg(1, (2, ib.mac()), thread_mode());
+    c.ring = RING;
+    let mut ea = Engine::start(&c, ia).unwrap();
+    let mut a = ea.endpoint().unwrap();
+    // Retries while the submission ring is full.
+    fn retry<T>(mut f: impl FnMut() -> Result<T, Error>) -> T {
+        loop {
+            match f() {
+                Err(Error::WouldBlock) => std::thread::sleep(Duration::from_micros(100)),
+                r => return r.unwrap(),
+            }
+        }
+    }
+    let mut waits = Vec::new();
+    for round in 0..ROUNDS {
+        // Twice the ring's worth of completions: cancelled receives.
+        let reqs: Vec<_> = (0..2 * RING)
+            .map(|i| {
+                retry(|| {
+                    a.irecv(None, i as u64, u64::MAX, vec![0u8; 8])
+                        .map_err(|r| r.error)
+                })
+            })
+            .collect();
+        for &r in &reqs {
+            assert!(retry(|| a.cancel(r)));
+        }
+        // Long enough for the idle polling thread to sleep 1 ms at a time,
+        // with a full ring and a ring's worth held back.
+        std::thread::sleep(Duration::from_millis(5));
+        // Takes the ring's worth (the thread sleeps and adds none meanwhile).
+        assert!(a.progress(), "round {round}: the ring was full");
+        let t0 = Instant::now();
+        while !a.progress() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "round {round}: the rest never came"
+            );
+        }
+        waits.push(t0.elapsed());
+        for r in reqs {
+            let done = a.wait_timeout(r, Duration::from_secs(5)).unwrap().unwrap();
+            assert!(
+                matches!(done.result, Err(Error::Request(RequestError::Cancelled))),
+                "{:?}",
+                done.result
+            );
+        }
+    }
+    waits.sort();
+    // Asleep and not woken, the thread would deliver the rest within its
+    // 1 ms sleep: half a millisecond on average.
+    assert!(
+        waits[ROUNDS / 2] < Duration::from_micros(200),
+        "median wait {:?} (all: {waits:?})",
+        waits[ROUNDS / 2]
+    );
+    drop(ib);
+}
+
 #[test]
 fn vanished_peer_fails_requests_within_the_deadline() {
     for mode in [ProgressMode::Inline, thread_mode()] {

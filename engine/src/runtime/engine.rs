@@ -436,6 +436,10 @@ struct EpShared {
     /// by the endpoint once it sees the engine stopped, so that no request is
     /// left without its completion and buffer.
     leftover: Mutex<VecDeque<Event>>,
+    /// Set by the polling thread while events wait for room in `events`:
+    /// the endpoint that makes room wakes it (see `Shared::kick`), rather
+    /// than leave them to wait out its backoff sleep.
+    backlogged: AtomicBool,
     waiting: AtomicBool,
     waiter: Mutex<Option<Thread>>,
     /// The CPU the waiter parked on (`usize::MAX`: not known).
@@ -448,6 +452,7 @@ impl EpShared {
             cmds: ArrayQueue::new(ring),
             events: ArrayQueue::new(ring),
             leftover: Mutex::new(VecDeque::new()),
+            backlogged: AtomicBool::new(false),
             waiting: AtomicBool::new(false),
             waiter: Mutex::new(None),
             waiter_cpu: AtomicUsize::new(usize::MAX),
@@ -468,8 +473,8 @@ impl EpShared {
         any
     }
 
-    /// Wakes the endpoint's thread if it parked waiting for events; returns
-    /// the CPU it parked on, when it woke one and the CPU is known.
+    /// Wakes the endpoint's thread if it parked waiting for events; returns,
+    /// when it woke one, the CPU it parked on (`usize::MAX`: not known).
     fn wake(&self, always: bool) -> Option<usize> {
         // Pairs with the fence in `Endpoint::idle`: either the endpoint sees
         // the event just pushed before it parks, or this sees it waiting.
@@ -482,8 +487,7 @@ impl EpShared {
                 .as_ref()
             {
                 t.unpark();
-                let cpu = self.waiter_cpu.load(Ordering::Relaxed);
-                return (cpu != usize::MAX).then_some(cpu);
+                return Some(self.waiter_cpu.load(Ordering::Relaxed));
             }
         }
         None
@@ -513,6 +517,12 @@ impl Shared {
         if self.poller_asleep.load(Ordering::SeqCst) {
             if let Some(t) = self.poller.get() {
                 t.unpark();
+                // The kernel tends to wake a thread on its waker's CPU (on
+                // the development VM, always): a caller that goes on spinning
+                // there would hold the polling thread off until its time
+                // slice ends, about 3 ms. Let it run first; where it woke on
+                // another CPU this returns at once.
+                std::thread::yield_now();
             }
         }
     }
@@ -763,18 +773,26 @@ impl Backoff {
         self.sleep_us = Self::MIN_SLEEP_US;
     }
 
-    fn snooze(&mut self, shared: &Shared) {
+    /// One idle round; `backlog` is what each endpoint's ring had no room
+    /// for.
+    fn snooze(&mut self, shared: &Shared, backlog: &[VecDeque<Event>]) {
         self.idle = self.idle.saturating_add(1);
         if self.spin_forever || self.idle < Self::SPINS {
             std::hint::spin_loop();
         } else if self.idle < Self::SPINS + Self::YIELDS {
             std::thread::yield_now();
         } else {
-            // Asleep, but a submitter can wake us (see Shared::kick); only
-            // frames from the wire wait out the sleep.
+            // Asleep, but a submitter, or an endpoint that makes room for
+            // its backlog, can wake us (see Shared::kick); only frames from
+            // the wire wait out the sleep.
             shared.poller_asleep.store(true, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
-            if shared.eps.iter().all(|e| e.cmds.is_empty()) {
+            let nothing_to_do = shared
+                .eps
+                .iter()
+                .zip(backlog)
+                .all(|(e, b)| e.cmds.is_empty() && (b.is_empty() || e.events.is_full()));
+            if nothing_to_do {
                 std::thread::park_timeout(Duration::from_micros(self.sleep_us));
             }
             shared.poller_asleep.store(false, Ordering::SeqCst);
@@ -818,6 +836,8 @@ fn poll_thread(
     let mut ids: CoreIds = vec![vec![None; max_requests]; n_eps];
     let mut backlog: Vec<VecDeque<Event>> =
         (0..n_eps).map(|_| VecDeque::with_capacity(BURST)).collect();
+    // What each endpoint's `backlogged` flag says (written only on change).
+    let mut backlogged = vec![false; n_eps];
     let mut backoff = Backoff::new(spin);
     let mut outstanding = 0usize;
     loop {
@@ -903,14 +923,24 @@ fn poll_thread(
         let mut woke_here = false;
         for (ep, eps) in shared.eps.iter().enumerate() {
             if eps.deliver(&mut backlog[ep]) {
-                let cpu = eps.wake(false);
-                woke_here |= cpu.is_some() && cpu == shared.poller_core;
+                // An unpinned thread cannot tell where the woken one will
+                // run: the kernel tends to put it on this CPU (see
+                // `Shared::kick`).
+                woke_here |= eps
+                    .wake(false)
+                    .is_some_and(|cpu| shared.poller_core.is_none_or(|c| c == cpu));
                 delivered = true;
+            }
+            let left = !backlog[ep].is_empty();
+            if left != backlogged[ep] {
+                // SeqCst, as the endpoint's load of it: see `Endpoint::progress`.
+                eps.backlogged.store(left, Ordering::SeqCst);
+                backlogged[ep] = left;
             }
         }
         if woke_here {
-            // The thread just woken parked on this CPU: let it run now
-            // rather than when this thread's time slice ends.
+            // The thread just woken parked on this CPU, or may run on it: let
+            // it run now rather than when this thread's time slice ends.
             std::thread::yield_now();
         }
         if shared.state.load(Ordering::Acquire) != RUNNING {
@@ -952,7 +982,7 @@ fn poll_thread(
             }
         }
         if work == 0 && p.idle() && !delivered {
-            backoff.snooze(&shared);
+            backoff.snooze(&shared, &backlog);
         } else {
             backoff.reset();
         }
@@ -1250,6 +1280,14 @@ impl Endpoint {
                 while let Some(e) = eps.events.pop() {
                     any = true;
                     take_event(&mut self.requests, &mut self.reply, e);
+                }
+                // Room was made for events the polling thread holds back: wake
+                // it if it sleeps. The pops (SeqCst on the ring's head) and
+                // this SeqCst load pair with the poller's SeqCst store of the
+                // flag and its look at the ring before it parks: one of the
+                // two sees the other.
+                if any && eps.backlogged.load(Ordering::SeqCst) {
+                    self.shared.kick();
                 }
                 if stopped {
                     // What the stopped thread had no ring room for, and the
