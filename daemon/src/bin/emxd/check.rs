@@ -24,6 +24,11 @@ use crate::station::Station;
 /// How long one message may take to come back.
 pub const ECHO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Checks a node runs at once; more are refused. A run's id (in every
+/// message's match bits) is 8 bits, and a run whose client went away goes
+/// on to its end: without a bound, 256 of them would leave no id to take.
+pub const MAX_RUNS: usize = 16;
+
 /// One peer endpoint of a run, and the sizes still to send it.
 struct Target {
     peer: Addr,
@@ -63,7 +68,8 @@ pub struct Checks {
 impl Checks {
     /// Starts a run against `targets` (peer, its node name) with `sizes`;
     /// `reply` gets the report when it is done. Sizes above `max` (the
-    /// responder's limit) fail at once.
+    /// responder's limit) fail at once. With [`MAX_RUNS`] under way, the run
+    /// is refused: `reply` says so at once.
     pub fn start(
         &mut self,
         targets: Vec<(Addr, Option<String>)>,
@@ -72,6 +78,19 @@ impl Checks {
         failed_early: Vec<CheckResult>,
         reply: Sender<String>,
     ) {
+        if self.runs.len() >= MAX_RUNS {
+            let _ = reply.send(reply_err::<()>(
+                &format!(
+                    "{} checks are running on this node, the most it takes at once; try \
+                     again when one ends (each message is given {} s to come back)",
+                    self.runs.len(),
+                    ECHO_TIMEOUT.as_secs()
+                ),
+                None,
+            ));
+            return;
+        }
+        // Fewer runs than ids: this ends.
         let mut id = self.next_id;
         while self.runs.iter().any(|r| r.id == id) {
             id = id.wrapping_add(1);
@@ -342,4 +361,37 @@ fn finish(mut run: Run, interrupted: Option<&str>) {
     };
     // The client may have gone; nothing to do then.
     let _ = run.reply.send(reply);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs whose clients left still count; past the bound a check is
+    /// refused at once, never waited on for an id.
+    #[test]
+    fn runs_past_the_bound_are_refused() {
+        let mut checks = Checks::default();
+        let peer = Addr::new(2, 0);
+        let mut replies = Vec::new();
+        for _ in 0..300 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            checks.start(vec![(peer, None)], &[1000], 1 << 20, Vec::new(), tx);
+            replies.push(rx);
+        }
+        assert_eq!(checks.runs.len(), MAX_RUNS);
+        let mut ids: Vec<u8> = checks.runs.iter().map(|r| r.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), MAX_RUNS, "each run has an id of its own");
+        for (i, rx) in replies.iter().enumerate() {
+            match rx.try_recv() {
+                Ok(r) => {
+                    assert!(i >= MAX_RUNS, "run {i} was refused: {r}");
+                    assert!(r.contains("checks are running"), "{r}");
+                }
+                Err(_) => assert!(i < MAX_RUNS, "run {i} got no answer"),
+            }
+        }
+    }
 }
