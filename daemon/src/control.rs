@@ -409,6 +409,17 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    /// No reply came in time.
+    #[error(
+        "{path}: no reply from emxd within {} s (it is busy or hung; a check may take longer: \
+         give --timeout more)", timeout.as_secs_f64()
+    )]
+    NoReply {
+        /// The socket path.
+        path: String,
+        /// How long the client waited.
+        timeout: Duration,
+    },
     /// The reply is not a JSON object with `ok`.
     #[error("{path}: emxd sent a reply that is not JSON: {reply:?}")]
     BadReply {
@@ -441,7 +452,15 @@ pub fn request(
     line.push('\n');
     (&stream).write_all(line.as_bytes()).map_err(io)?;
     let mut reply = String::new();
-    BufReader::new(&stream).read_line(&mut reply).map_err(io)?;
+    BufReader::new(&stream)
+        .read_line(&mut reply)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => ClientError::NoReply {
+                path: shown.clone(),
+                timeout,
+            },
+            _ => io(e),
+        })?;
     if reply.is_empty() {
         return Err(io(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,

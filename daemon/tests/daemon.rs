@@ -178,6 +178,27 @@ fn a_port_that_cannot_be_opened_exits_1() {
     assert!(!control.exists(), "the control socket is removed");
 }
 
+/// `--control` naming a file that is not a socket (the cluster file, given
+/// in the wrong place) is refused and the file left alone.
+#[test]
+fn a_control_path_that_is_not_a_socket_is_left_alone() {
+    let dir = TempDir::new("notsock");
+    let file = dir.path("precious.toml");
+    std::fs::write(&file, "keep me\n").unwrap();
+    let o = emxd(&[
+        "--config",
+        EXAMPLE,
+        "--node",
+        "server",
+        "--control",
+        file.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("not a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
+}
+
 #[test]
 fn emxctl_without_emxd_says_how_to_start_it() {
     let dir = TempDir::new("noctl");
@@ -190,6 +211,27 @@ fn emxctl_without_emxd_says_how_to_start_it() {
     assert!(!o.status.success());
     assert!(err.contains("is emxd running?"), "{err}");
     assert!(err.contains("emxd --config"), "{err}");
+}
+
+#[test]
+fn emxctl_says_when_no_reply_came() {
+    let dir = TempDir::new("noreply");
+    let sock = dir.path("mute.sock");
+    // Takes the connection and never answers.
+    let _mute = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let o = Command::new(EMXCTL)
+        .args([
+            "--control",
+            sock.to_str().unwrap(),
+            "--timeout",
+            "1",
+            "status",
+        ])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("no reply from emxd within 1 s"), "{err}");
 }
 
 /// The example memif pair made private to this test: its own socket (a
@@ -371,6 +413,39 @@ fn check_passes(from: &Daemon, sizes: &str, want: usize) {
     assert_eq!(v["failed"], 0, "{v}");
 }
 
+/// A request line past the limit is answered with an error; connections
+/// past the limit are refused; the daemon serves on afterwards.
+fn control_socket_bounds(d: &Daemon) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let reply = |s: &UnixStream| {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        line
+    };
+    let long = UnixStream::connect(&d.control).unwrap();
+    // Written on its own thread: emxd stops reading at the limit.
+    let mut w = long.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&vec![b'x'; 1 << 20]);
+    });
+    let r = reply(&long);
+    assert!(r.contains("longer than"), "{r}");
+    drop(long);
+    writer.join().unwrap();
+    let idle: Vec<UnixStream> = (0..64)
+        .map(|_| UnixStream::connect(&d.control).unwrap())
+        .collect();
+    let extra = UnixStream::connect(&d.control).unwrap();
+    let r = reply(&extra);
+    assert!(r.contains("too many control connections"), "{r}");
+    drop(idle);
+    wait_for(Duration::from_secs(10), "emxd to serve again", || {
+        d.ctl(&["status"]).status.success().then_some(())
+    });
+}
+
 #[test]
 fn two_daemons_over_memif() {
     let dir = TempDir::new("pair");
@@ -439,6 +514,7 @@ fn two_daemons_over_memif() {
         "{}",
         stderr(&o)
     );
+    control_socket_bounds(&a);
     // The responder's counters: B echoed A's check, and the other way.
     let stats = b.json(&["stats"]);
     assert!(

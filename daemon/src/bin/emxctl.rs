@@ -28,7 +28,8 @@ struct Args {
     json: bool,
     /// Give up on a reply after this many seconds (default 10, and 600 for
     /// check).
-    #[arg(long, value_name = "SECONDS", global = true)]
+    #[arg(long, value_name = "SECONDS", global = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
     timeout: Option<u64>,
     #[command(subcommand)]
     cmd: Cmd,

@@ -3,10 +3,14 @@
 //! the main loop over a channel, with a channel for its reply. The endpoints
 //! stay on the main loop's thread.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::time::Duration;
 
 use emx_daemon::control::{reply_err, Request};
 use tracing::{debug, warn};
@@ -44,14 +48,34 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
     let listener = match UnixListener::bind(path) {
         Ok(l) => l,
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            if UnixStream::connect(path).is_ok() {
+            // Only a socket nobody serves is replaced: whatever else is
+            // there (a file given as --control by mistake) is left alone.
+            let is_socket = std::fs::symlink_metadata(path)
+                .map(|m| m.file_type().is_socket())
+                .unwrap_or(false);
+            if !is_socket {
                 return Err(format!(
-                    "control socket {shown}: another emxd is serving it (stop it first, or give \
+                    "control socket {shown}: something that is not a socket is there (give \
                      --control another path)"
                 ));
             }
+            match UnixStream::connect(path) {
+                Ok(_) => {
+                    return Err(format!(
+                        "control socket {shown}: another emxd is serving it (stop it first, or \
+                         give --control another path)"
+                    ))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                Err(e) => {
+                    return Err(format!(
+                        "control socket {shown}: there is a socket there, and connecting to it \
+                         to see whether an emxd serves it failed: {e}"
+                    ))
+                }
+            }
             std::fs::remove_file(path).map_err(|e| {
-                format!("control socket {shown}: cannot remove the stale file: {e}")
+                format!("control socket {shown}: cannot remove the stale socket: {e}")
             })?;
             UnixListener::bind(path).map_err(|e| format!("control socket {shown}: {e}"))?
         }
@@ -60,23 +84,48 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
     Ok((listener, SocketFile(path.to_owned())))
 }
 
+/// The longest request line taken (a `check` with its most sizes is a few
+/// kilobytes); a longer one is answered with an error and the connection
+/// closed.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// Connections served at once; more are answered with an error and closed.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection may stay silent before it is closed.
+pub const IDLE: Duration = Duration::from_secs(30);
+
 /// Serves `listener` on its own threads, handing requests to `tx`.
 pub fn serve(listener: UnixListener, tx: Sender<Control>) -> Result<(), String> {
+    let live = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("emxd-control".into())
         .spawn(move || {
             for conn in listener.incoming() {
                 match conn {
+                    Ok(stream) if live.load(Ordering::Relaxed) >= MAX_CONNECTIONS => {
+                        refuse(stream, "too many control connections at once; try again");
+                    }
                     Ok(stream) => {
                         let tx = tx.clone();
-                        let spawned = std::thread::Builder::new()
-                            .name("emxd-conn".into())
-                            .spawn(move || connection(stream, tx));
+                        live.fetch_add(1, Ordering::Relaxed);
+                        let done = Live(live.clone());
+                        let spawned =
+                            std::thread::Builder::new()
+                                .name("emxd-conn".into())
+                                .spawn(move || {
+                                    let _done = done;
+                                    connection(stream, tx)
+                                });
                         if let Err(e) = spawned {
                             warn!(error = %e, "cannot serve a control connection");
                         }
                     }
-                    Err(e) => warn!(error = %e, "control socket: accept failed"),
+                    Err(e) => {
+                        // Out of descriptors, say: do not spin on the error.
+                        warn!(error = %e, "control socket: accept failed");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
                 }
             }
         })
@@ -84,10 +133,49 @@ pub fn serve(listener: UnixListener, tx: Sender<Control>) -> Result<(), String> 
         .map_err(|e| format!("cannot start the control thread: {e}"))
 }
 
+/// Counts a connection served until dropped.
+struct Live(Arc<AtomicUsize>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Answers `why` and closes.
+fn refuse(stream: UnixStream, why: &str) {
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    let mut out = reply_err::<()>(why, None).into_bytes();
+    out.push(b'\n');
+    let _ = (&stream).write_all(&out);
+}
+
 fn connection(stream: UnixStream, tx: Sender<Control>) {
-    let reader = BufReader::new(&stream);
-    for line in reader.lines() {
-        let Ok(line) = line else { break };
+    if stream.set_read_timeout(Some(IDLE)).is_err() || stream.set_write_timeout(Some(IDLE)).is_err()
+    {
+        return;
+    }
+    let mut reader = BufReader::new(&stream);
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        match (&mut reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut raw)
+        {
+            Ok(0) | Err(_) => break, // closed, silent too long, or failed
+            Ok(_) => {}
+        }
+        if raw.last() != Some(&b'\n') && raw.len() > MAX_LINE {
+            refuse(
+                stream,
+                &format!(
+                    "bad request: longer than {MAX_LINE} bytes (want one JSON object per line)"
+                ),
+            );
+            return;
+        }
+        let line = String::from_utf8_lossy(&raw);
         if line.trim().is_empty() {
             continue;
         }
