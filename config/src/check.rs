@@ -12,6 +12,9 @@ use emx::proto::TimerRule;
 use crate::cluster::{ClusterConfig, Mac, NodeSpec};
 use crate::error::ConfigError;
 
+/// The longest node name taken: it goes into socket paths, which are short.
+const MAX_NAME: usize = 64;
+
 impl ClusterConfig {
     /// The checks after parsing that do not depend on the machine.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
@@ -42,6 +45,7 @@ impl ClusterConfig {
         let mut ids = HashMap::new();
         let mut names = HashMap::new();
         let mut macs = HashMap::new();
+        let mut first_mtu: Option<(usize, u16)> = None;
         for (i, n) in self.nodes().iter().enumerate() {
             self.check_node(i, n)?;
             let earlier = |what: &str, j: usize| {
@@ -68,6 +72,25 @@ impl ClusterConfig {
                     return Err(self.invalid(&format!("node[{i}].mac"), earlier(&what, j)));
                 }
                 macs.insert(a, i);
+            }
+            // No MTU is negotiated: each node sizes its frames by its own, and
+            // a peer's port drops what is longer than its MTU.
+            match (n.mtu, first_mtu) {
+                (Some(m), Some((j, m0))) if m != m0 => {
+                    let e = &self.nodes()[j];
+                    return Err(self.invalid(
+                        &format!("node[{i}].mtu"),
+                        format!(
+                            "mtu {m} differs from node[{j}] \"{}\" at line {} (mtu {m0}): frames \
+                             longer than a peer's MTU are dropped there (give every node the \
+                             same mtu)",
+                            e.name,
+                            self.line_of_path(&format!("node[{j}]"))
+                        ),
+                    ));
+                }
+                (Some(m), None) => first_mtu = Some((i, m)),
+                _ => {}
             }
         }
         self.check_peer_table()?;
@@ -102,11 +125,19 @@ impl ClusterConfig {
 
     fn check_node(&self, i: usize, n: &NodeSpec) -> Result<(), ConfigError> {
         let at = |f: &str| format!("node[{i}].{f}");
-        if n.name.is_empty() || n.name.chars().any(char::is_whitespace) {
+        // The name goes into file names (emxd's control socket,
+        // /run/emx/emxd-<name>.sock) and container names.
+        let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if n.name.is_empty()
+            || n.name.len() > MAX_NAME
+            || !n.name.chars().all(name_ok)
+            || n.name.starts_with('.')
+        {
             return Err(self.invalid(
                 &at("name"),
                 format!(
-                    "bad node name {:?} (want a non-empty name without whitespace)",
+                    "bad node name {:?} (want 1 to {MAX_NAME} letters, digits, '.', '_' or '-', \
+                     not starting with '.')",
                     n.name
                 ),
             ));

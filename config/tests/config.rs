@@ -180,6 +180,8 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("endpoints-inline.toml", 10, "node[0].endpoints", "2 endpoints need a polling thread (give cores = [N])"),
     ("ethertype-low.toml", 4, "cluster.ethertype", "0x0500 is below 0x0600, where values are frame lengths, not EtherTypes (want 0x0600..=0xffff"),
     ("missing-port.toml", 11, "node[1].port", "missing (this key is required)"),
+    ("mtu-mismatch.toml", 16, "node[1].mtu", "mtu 1500 differs from node[0] \"n1\" at line 5 (mtu 9000): frames longer than a peer's MTU are dropped there (give every node the same mtu)"),
+    ("name-slash.toml", 7, "node[0].name", "bad node name \"rack1/n1\" (want 1 to 64 letters, digits, '.', '_' or '-', not starting with '.')"),
     ("no-nodes.toml", 1, "node", "no [[node]] tables: a cluster needs at least one node"),
     ("numeric-name.toml", 7, "node[0].name", "a name must not be a number"),
     ("pack-max-zero.toml", 6, "protocol.pack_max", "0 is out of range (want at least 1 message per frame"),

@@ -142,6 +142,23 @@ fn an_unknown_node_or_core_is_a_configuration_error() {
 }
 
 #[test]
+fn too_few_receive_slots_for_the_responder_is_a_configuration_error() {
+    let dir = TempDir::new("fewrecvs");
+    let file = dir.path("few.toml");
+    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    let text = if text.contains("[protocol]") {
+        text.replacen("[protocol]", "[protocol]\nmax_recvs = 4", 1)
+    } else {
+        format!("{text}\n[protocol]\nmax_recvs = 4\n")
+    };
+    std::fs::write(&file, text).unwrap();
+    let o = emxd(&["--config", file.to_str().unwrap(), "--node", "server"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("protocol.max_recvs: 4 is too few"), "{err}");
+}
+
+#[test]
 fn a_port_that_cannot_be_opened_exits_1() {
     let dir = TempDir::new("noport");
     let file = dir.path("noport.toml");

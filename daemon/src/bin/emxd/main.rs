@@ -118,6 +118,27 @@ fn run(args: Args) -> Result<(), Failure> {
         )));
     }
 
+    // Each endpoint's responder keeps its ECHO and SINK receives posted, and
+    // one liveness receive per remote endpoint: with fewer receive slots,
+    // peers would go unwatched (never reported down).
+    let need = ops::ECHO_SLOTS + ops::SINK_SLOTS + node_cfg.engine.peers.len();
+    let max_recvs = node_cfg
+        .engine
+        .protocol
+        .max_recvs
+        .unwrap_or(emx::proto::CoreConfig::default().max_recvs);
+    if max_recvs < need {
+        return Err(Failure::Config(format!(
+            "{}: protocol.max_recvs: {max_recvs} is too few for emxd on node {:?}: its responder \
+             keeps {} receives posted and one for each of its {} peer endpoints (want at least \
+             {need})",
+            cluster.origin(),
+            spec.name,
+            ops::ECHO_SLOTS + ops::SINK_SLOTS,
+            node_cfg.engine.peers.len()
+        )));
+    }
+
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())
