@@ -1263,6 +1263,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             return Err(DropReason::UnknownPeer);
         };
         let peer = &mut self.peers[p as usize];
+        let mut learnt_over = None;
         if h.src_mac != peer.mac {
             // Raw Ethernet has no other source authentication: the MAC must be the
             // peer's. A peer added without one learns it from its first frame, and
@@ -1279,10 +1280,20 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 peer.stats.dropped.count(DropReason::NotForUs);
                 return Err(DropReason::NotForUs);
             }
+            learnt_over = Some(peer.mac);
             peer.mac = h.src_mac;
             peer.stats.macs_learned += 1;
         }
         let r = self.handle_peer_frame(now, p, &h, f.payload(), frame.len());
+        if let (Err(_), Some(old)) = (r, learnt_over) {
+            // A frame refused before its session was taken up teaches nothing:
+            // the peer keeps its address (and its answer, a HELLO, goes there).
+            let peer = &mut self.peers[p as usize];
+            if peer.epoch != h.src_epoch {
+                peer.mac = old;
+                peer.stats.macs_learned -= 1;
+            }
+        }
         // Whatever came in (an ack, a sign of life, a new epoch) may move p's timers.
         self.touch(p);
         if let Err(reason) = r {
@@ -2009,6 +2020,70 @@ mod tests {
 
     fn mac(i: u8) -> MacAddr {
         MacAddr([2, 0, 0, 0, 0, i + 1])
+    }
+
+    /// A frame that claims a peer from a new address and a new epoch, but is
+    /// refused (its epoch for us is not ours), leaves the peer's learnt
+    /// address alone: it used to move the peer to the sender's address, so
+    /// the peer's own frames were then dropped and the session died.
+    #[test]
+    fn a_refused_frame_teaches_no_address() {
+        let cfg = CoreConfig {
+            checksum: ChecksumMode::Off,
+            ..CoreConfig::default()
+        };
+        let mut sim: Sim<Vec<u8>, Vec<u8>> = Sim::new(LinkConfig::default());
+        let mut a = Core::new(cfg.clone(), addr(0), mac(0), 1, Time::ZERO).unwrap();
+        a.add_peer(addr(1), MacAddr::BROADCAST).unwrap();
+        sim.add_core(a);
+        let mut b = Core::new(cfg.clone(), addr(1), mac(1), 1, Time::ZERO).unwrap();
+        b.add_peer(addr(0), mac(0)).unwrap();
+        sim.add_core(b);
+        let now = sim.now();
+        sim.core(1).send(now, addr(0), 7, vec![1u8; 8], 0).unwrap();
+        let r = sim
+            .core(0)
+            .post_recv(now, Some(addr(1)), 7, !0, vec![0; 8], 0)
+            .unwrap();
+        let mut got = false;
+        assert!(sim.run_until(Time::from_micros(100_000), |sim| {
+            while let Some(c) = sim.core(0).poll_completion() {
+                got |= matches!(c, Completion::Recv(d) if d.req == r);
+            }
+            got
+        }));
+        let peer_mac = |sim: &mut Sim<Vec<u8>, Vec<u8>>| {
+            sim.core_ref(0)
+                .peers()
+                .find(|&(_, a, _)| a == addr(1))
+                .map(|(_, _, m)| m)
+        };
+        assert_eq!(peer_mac(&mut sim), Some(mac(1)), "learnt from its frames");
+        let forged = Header {
+            dst_mac: mac(0),
+            src_mac: MacAddr([2, 0, 0, 0, 0, 99]),
+            frame_type: FrameType::Ack,
+            cluster: cfg.cluster,
+            src_node: addr(1).node,
+            src_ep: addr(1).endpoint,
+            dst_node: addr(0).node,
+            dst_ep: addr(0).endpoint,
+            src_epoch: 2,
+            dst_epoch: 12345,
+            ..Header::EMPTY
+        };
+        let mut buf = vec![0u8; crate::wire::FRAME_HEADER_LEN];
+        forged.emit(&mut buf, cfg.ethertype);
+        let now = sim.now();
+        assert_eq!(
+            sim.core(0).handle_frame(now, &buf),
+            Err(DropReason::StaleEpoch)
+        );
+        assert_eq!(
+            peer_mac(&mut sim),
+            Some(mac(1)),
+            "the forged address is not kept"
+        );
     }
 
     /// A request slot used more than 2^31 times still answers to its
