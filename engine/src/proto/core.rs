@@ -208,6 +208,9 @@ pub(crate) struct Block {
 pub(crate) struct PullState {
     pub(crate) wanted: u64,
     pub(crate) next_pull: u64,
+    /// The end of the last PULL that left (pulls leave in offset order):
+    /// data beyond it was never asked for.
+    pub(crate) sent_mark: u64,
     pub(crate) received: u64,
     pub(crate) blocks: [Block; 8],
     pub(crate) nblocks: u8,
@@ -1727,6 +1730,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     fn next_new_frame(&mut self, p: u16, room: usize) -> Option<u32> {
         let peer = &mut self.peers[p as usize];
         if let Some(i) = self.frame_links.pop_front(&mut peer.ctrl) {
+            let f = self.frames[i as usize];
+            if f.kind == FrameType::Pull {
+                self.pull_leaves(p, &f);
+            }
             return Some(i);
         }
         // Rendezvous data and new messages take turns, so that a long transfer does not
@@ -2083,6 +2090,82 @@ mod tests {
             peer_mac(&mut sim),
             Some(mac(1)),
             "the forged address is not kept"
+        );
+    }
+
+    /// PULL_DATA is taken only for what a PULL that left asked for. Data
+    /// sent ahead of the pulls (by a peer that did not wait for them) used
+    /// to complete blocks whose PULLs were still queued, and every completed
+    /// block queued another PULL: frames without bound from the table all
+    /// peers share.
+    #[test]
+    fn pull_data_ahead_of_the_pulls_is_refused() {
+        let cfg = CoreConfig {
+            checksum: ChecksumMode::Off,
+            ..CoreConfig::default()
+        };
+        let mut b: Core<Vec<u8>, Vec<u8>> =
+            Core::new(cfg.clone(), addr(1), mac(1), 1, Time::ZERO).unwrap();
+        b.add_peer(addr(0), mac(0)).unwrap();
+        let from_a = |frame_type, seq, payload: &[u8], f: &dyn Fn(&mut Header)| {
+            let mut h = Header {
+                dst_mac: mac(1),
+                src_mac: mac(0),
+                frame_type,
+                cluster: cfg.cluster,
+                payload_len: payload.len() as u16,
+                src_node: addr(0).node,
+                src_ep: addr(0).endpoint,
+                dst_node: addr(1).node,
+                dst_ep: addr(1).endpoint,
+                src_epoch: 5,
+                // B's (its epoch, 1): data flows once A knows it.
+                dst_epoch: 1,
+                seq,
+                msg_id: 0,
+                match_bits: 7,
+                msg_len: 1 << 20,
+                ..Header::EMPTY
+            };
+            f(&mut h);
+            let mut buf = vec![0u8; crate::wire::FRAME_HEADER_LEN + payload.len()];
+            h.emit(&mut buf, cfg.ethertype);
+            buf[crate::wire::FRAME_HEADER_LEN..].copy_from_slice(payload);
+            buf
+        };
+        let now = Time::from_micros(10);
+        assert_eq!(
+            b.handle_frame(
+                now,
+                &from_a(FrameType::Hello, 0, &[], &|h| {
+                    h.msg_len = 0;
+                    h.match_bits = 0;
+                    h.dst_epoch = 0;
+                })
+            ),
+            Ok(())
+        );
+        b.post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
+            .unwrap();
+        assert_eq!(
+            b.handle_frame(now, &from_a(FrameType::Rts, 0, &[], &|_| {})),
+            Ok(())
+        );
+        // B's PULLs are queued, none has left: no data is due yet.
+        let free = b.frame_free.available();
+        let data = vec![9u8; 1000];
+        let at = |off: u64| move |h: &mut Header| h.frag_offset = off;
+        assert_eq!(
+            b.handle_frame(now, &from_a(FrameType::PullData, 1, &data, &at(0))),
+            Err(DropReason::Protocol)
+        );
+        assert_eq!(b.frame_free.available(), free, "no frame taken");
+        // Once the PULLs left, the data they ask for is taken.
+        let mut buf = vec![0u8; 9216];
+        while b.poll_transmit(now, &mut buf).is_some() {}
+        assert_eq!(
+            b.handle_frame(now, &from_a(FrameType::PullData, 1, &data, &at(0))),
+            Ok(())
         );
     }
 

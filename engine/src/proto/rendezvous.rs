@@ -132,6 +132,19 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         self.mark_ready(p);
     }
 
+    /// PULL frame `f` to peer `p` leaves for the first time: its receive may
+    /// now take the data it asks for.
+    pub(crate) fn pull_leaves(&mut self, p: u16, f: &TxFrame) {
+        let Some(&m) = self.msg_map.get(&msg_key(p, f.msg_id)) else {
+            return;
+        };
+        let msg = &self.msgs[m as usize];
+        if msg.rndv && msg.state == MsgState::Bound {
+            let pull = &mut self.recvs[msg.recv as usize].pull;
+            pull.sent_mark = pull.sent_mark.max(f.offset + u64::from(f.len));
+        }
+    }
+
     pub(crate) fn check_pull_data(&self, p: u16, h: &Header) -> Result<(), DropReason> {
         let Some(&m) = self.msg_map.get(&msg_key(p, h.msg_id)) else {
             // Data pulled for a receive that `abort_all` took away is still due.
@@ -146,7 +159,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         let pull = &self.recvs[msg.recv as usize].pull;
         let end = h.frag_offset + h.payload_len as u64;
-        if end > pull.next_pull || pull.received + h.payload_len as u64 > pull.wanted {
+        // Only what a PULL that left asked for: data ahead of the pulls would
+        // complete blocks whose PULLs still wait, and each completed block
+        // queues another PULL (frames without bound, from the table every
+        // peer shares).
+        if end > pull.sent_mark || pull.received + h.payload_len as u64 > pull.wanted {
             return Err(DropReason::Protocol);
         }
         Ok(())
