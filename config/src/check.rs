@@ -277,7 +277,18 @@ impl ClusterConfig {
                 }
                 ProtoConfigError::Pull => (
                     "protocol.pull_block".to_owned(),
-                    "must be at least 1 byte".to_owned(),
+                    format!(
+                        "out of range (want 1..={} bytes)",
+                        emx::proto::MAX_PULL_BLOCK
+                    ),
+                ),
+                ProtoConfigError::Store(n) => (
+                    "protocol.unexpected_bytes".to_owned(),
+                    format!(
+                        "{n} is out of range (want 1..={} bytes: the store, and a table of a \
+                         message entry per 256 bytes of it, are allocated when the engine starts)",
+                        emx::proto::MAX_UNEXPECTED_BYTES
+                    ),
                 ),
                 ProtoConfigError::Credits { credit, need } => (
                     set("unexpected_bytes", p.unexpected_bytes.is_some())

@@ -190,6 +190,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("rto-order.toml", 7, "protocol.rto_min_us", "rto_min_us (5000 us) must be above 0 and at most rto_max_us (1000 us)"),
     ("syntax.toml", 10, "", "not valid TOML: invalid string; expected `\"`, `'`"),
     ("timers.toml", 7, "protocol.keepalive_us", "keepalive_us (200000 us) must be above 0 and below peer_timeout_us (100000 us)"),
+    ("unexpected-too-large.toml", 6, "protocol.unexpected_bytes", "8589934592 is out of range (want 1..=4294967296 bytes"),
     ("unknown-key.toml", 16, "node[1].colour", "unknown field `colour`, expected one of `id`, `name`, `mac`, `port`"),
     ("unknown-table.toml", 5, "logs", "unknown field `logs`, expected one of `cluster`, `protocol`, `memory`, `logging`, `node`"),
     ("window-range.toml", 6, "protocol.window", "300 is out of range (want 1..=256 frames"),

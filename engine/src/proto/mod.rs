@@ -427,7 +427,14 @@ impl CoreConfig {
         if self.max_recvs == 0 || self.max_recvs > (1 << 24) {
             return Err(E::Table("max_recvs"));
         }
-        if self.pull_inflight == 0 || self.pull_inflight > 8 || self.pull_block == 0 {
+        if self.unexpected_bytes == 0 || self.unexpected_bytes > MAX_UNEXPECTED_BYTES {
+            return Err(E::Store(self.unexpected_bytes));
+        }
+        if self.pull_inflight == 0
+            || self.pull_inflight > 8
+            || self.pull_block == 0
+            || self.pull_block > MAX_PULL_BLOCK
+        {
             return Err(E::Pull);
         }
         if self.pack_max == 0 {
@@ -474,8 +481,14 @@ pub enum ConfigError {
     #[error("{0} out of range")]
     Table(&'static str),
     /// Pull parameters out of range.
-    #[error("pull_block must be > 0 and pull_inflight in 1..=8")]
+    #[error("pull_block must be in 1..=64 MiB and pull_inflight in 1..=8")]
     Pull,
+    /// The unexpected store's size is out of range.
+    #[error(
+        "unexpected_bytes {0} out of range 1..=4 GiB (the store and its message table are \
+         allocated when the engine starts)"
+    )]
+    Store(u64),
     /// The per-peer share of the unexpected store cannot hold one eager message.
     #[error("per-peer credit {credit} bytes cannot hold one eager message ({need} bytes)")]
     Credits {
@@ -488,6 +501,13 @@ pub enum ConfigError {
     #[error("timer settings contradict each other: {0}")]
     Timers(TimerRule),
 }
+
+/// The largest unexpected store taken: it is allocated, with a table of a
+/// message entry per 256 bytes of it, when the engine starts.
+pub const MAX_UNEXPECTED_BYTES: u64 = 4 << 30;
+
+/// The largest pull block taken (a block's length and count are 32 bits).
+pub const MAX_PULL_BLOCK: u32 = 64 << 20;
 
 /// The timer rule a [`ConfigError::Timers`] configuration breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
