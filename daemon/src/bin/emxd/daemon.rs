@@ -362,12 +362,16 @@ impl Daemon {
         let (_, closed) = std::sync::mpsc::channel();
         drop(std::mem::replace(&mut self.ctl, closed));
         self.checks.abort_all("emxd is shutting down");
+        // One deadline for everything, however many endpoints: a container
+        // runtime's grace period (10 s in compose) must not run out first.
+        let until = std::time::Instant::now() + DRAIN;
+        let left = || until.saturating_duration_since(std::time::Instant::now());
         let (mut drained, mut aborted) = (0, 0);
         let stations = std::mem::take(&mut self.stations);
         for mut st in stations {
             let endpoint = st.local.endpoint;
-            let cancelled = st.quiesce(&mut self.checks, Duration::from_millis(200));
-            let sum = st.close(DRAIN, cancelled);
+            let cancelled = st.quiesce(&mut self.checks, left().min(Duration::from_millis(200)));
+            let sum = st.close(left(), cancelled);
             drained += sum.drained;
             aborted += sum.aborted;
             let kinds = |m: &std::collections::BTreeMap<&str, usize>| {
@@ -389,7 +393,7 @@ impl Daemon {
             );
         }
         if let Some(engine) = self.engine.take() {
-            if let Err(e) = engine.shutdown(DRAIN) {
+            if let Err(e) = engine.shutdown(left()) {
                 warn!(error = %e, "engine shutdown");
             }
         }

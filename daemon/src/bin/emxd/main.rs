@@ -141,6 +141,9 @@ fn run(args: Args) -> Result<(), Failure> {
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // A second signal while draining ends emxd at once (exit 1).
+        signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
+            .map_err(|e| Failure::Start(format!("cannot handle signal {sig}: {e}")))?;
         signal_hook::flag::register(sig, stop.clone())
             .map_err(|e| Failure::Start(format!("cannot handle signal {sig}: {e}")))?;
     }
