@@ -152,6 +152,25 @@ impl ClusterConfig {
                 ),
             ));
         }
+        // The port's mbuf pool comes out of the EAL's memory: one that cannot
+        // fit fails at start with DPDK's "Cannot allocate memory".
+        let pool = crate::cluster::link_config(&n.port, n.mtu).pool_bytes();
+        let have = u64::from(self.memory().memory_mb) << 20;
+        if pool > have {
+            let mib = pool.div_ceil(1 << 20);
+            return Err(self.invalid(
+                "memory.memory_mb",
+                format!(
+                    "{} MiB cannot hold node {:?}'s mbuf pool, about {mib} MiB at {} (give \
+                     memory_mb at least {})",
+                    self.memory().memory_mb,
+                    n.name,
+                    n.mtu
+                        .map_or("the driver's MTU".to_owned(), |m| format!("mtu {m}")),
+                    mib + 64
+                ),
+            ));
+        }
         if let Mac::Addr(a) = n.mac {
             if a[0] & 1 == 1 || a == [0; 6] {
                 return Err(self.invalid(

@@ -508,7 +508,7 @@ impl ClusterConfig {
 /// The engine's link settings for `devargs`, with the engine's own defaults
 /// for what the cluster file does not set (`LinkConfig` has no constructor,
 /// and its defaults live in its serde attributes).
-fn link_config(devargs: &str, mtu: Option<u16>) -> LinkConfig {
+pub(crate) fn link_config(devargs: &str, mtu: Option<u16>) -> LinkConfig {
     let mut t = toml::Table::new();
     t.insert("devargs".into(), toml::Value::String(devargs.to_owned()));
     if let Some(mtu) = mtu {

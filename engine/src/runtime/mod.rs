@@ -76,6 +76,24 @@ pub enum Error {
     /// The link failed.
     #[error(transparent)]
     Io(#[from] crate::io::IoError),
+    /// The port's mbuf pool could not be created (most often: the EAL has
+    /// too little memory for it).
+    #[error(
+        "cannot create the mbuf pool, {mbufs} mbufs of {room} bytes (about {mib} MiB of the \
+         EAL's memory): {source}; give the EAL more memory (memory.memory_mb in a cluster file, \
+         EalConfig::memory_mb), fewer mbufs or a smaller MTU"
+    )]
+    Pool {
+        /// Mbufs asked for.
+        mbufs: u32,
+        /// Data room of each.
+        room: u16,
+        /// What they take at least, in MiB.
+        mib: u64,
+        /// What DPDK said.
+        #[source]
+        source: crate::io::IoError,
+    },
     /// The polling thread could not start or died.
     #[error("polling thread: {0}")]
     Thread(String),

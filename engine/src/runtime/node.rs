@@ -95,6 +95,24 @@ fn default_link_wait() -> u64 {
     10_000
 }
 
+/// Bytes an mbuf takes in its pool beside its data room: `struct rte_mbuf`
+/// (two cache lines) and the mempool's object header (one).
+const MBUF_OVERHEAD: u64 = 192;
+
+impl LinkConfig {
+    /// The data room of each mbuf of the link's pool, in bytes.
+    pub fn mbuf_room(&self) -> u16 {
+        self.mtu
+            .map_or(DEFAULT_DATA_ROOM, dpdk_ffi::data_room_for_mtu)
+    }
+
+    /// The EAL memory the link's mbuf pool takes at least, in bytes (the
+    /// pool's own bookkeeping comes on top).
+    pub fn pool_bytes(&self) -> u64 {
+        u64::from(self.mbufs) * (u64::from(self.mbuf_room()) + MBUF_OVERHEAD)
+    }
+}
+
 /// Everything one node needs: EAL, link, engine.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -150,10 +168,13 @@ pub fn start_node(cfg: &NodeConfig) -> Result<Node, Error> {
 pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Result<Node, Error> {
     let dpdk = |e: dpdk_ffi::Error| Error::Io(e.into());
     let name = format!("emx{}", engine.node);
-    let room = link
-        .mtu
-        .map_or(DEFAULT_DATA_ROOM, dpdk_ffi::data_room_for_mtu);
-    let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(dpdk)?;
+    let room = link.mbuf_room();
+    let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(|e| Error::Pool {
+        mbufs: link.mbufs,
+        room,
+        mib: link.pool_bytes().div_ceil(1 << 20),
+        source: e.into(),
+    })?;
     let pcfg = PortConfig {
         mtu: link.mtu,
         ..PortConfig::default()
