@@ -61,18 +61,25 @@ pub struct PingPong {
 }
 
 /// What a streaming run ([`stream`], [`bibw`]) moved.
+///
+/// Measured at the receiver(s) as the DPDK streams are (see
+/// [`Tally`](crate::session::Tally)): from the first arrival after the
+/// warm-up, what came after it and over what time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StreamResult {
-    /// Payload bytes the receiver(s) got.
+    /// Payload bytes measured.
     pub bytes: u64,
-    /// Seconds from the first to the last byte at the receiver(s) (for
-    /// [`bibw`], from the earliest first byte to the latest last byte).
+    /// Messages measured: UDP datagrams, or whole `msg`-sized units of the
+    /// TCP byte stream.
+    pub msgs: u64,
+    /// Seconds measured (for [`bibw`], from the earliest start to the latest
+    /// last arrival of the two directions).
     pub seconds: f64,
-    /// Messages sent: UDP datagrams accepted by the kernel, or completed
-    /// `msg`-sized TCP writes.
+    /// Messages sent, warm-up included: UDP datagrams accepted by the
+    /// kernel, or completed `msg`-sized TCP writes.
     pub sent: u64,
-    /// Messages received: UDP datagrams, or whole `msg`-sized units of the TCP
-    /// byte stream. For UDP, `sent - received` datagrams were lost.
+    /// Messages received, warm-up included. For UDP, `sent - received`
+    /// datagrams were lost.
     pub received: u64,
 }
 
@@ -196,10 +203,11 @@ pub fn stream(
     pair: &VethPair,
     proto: Proto,
     msg: usize,
+    warmup: Duration,
     duration: Duration,
     cores: (Option<CoreId>, Option<CoreId>),
 ) -> Result<StreamResult, String> {
-    run_streams(pair, proto, msg, duration, cores, &[(0, 1)])
+    run_streams(pair, proto, msg, warmup, duration, cores, &[(0, 1)])
 }
 
 /// Both directions at once: namespace 0 streams to namespace 1 and 1 to 0,
@@ -211,10 +219,11 @@ pub fn bibw(
     pair: &VethPair,
     proto: Proto,
     msg: usize,
+    warmup: Duration,
     duration: Duration,
     cores: (Option<CoreId>, Option<CoreId>),
 ) -> Result<StreamResult, String> {
-    run_streams(pair, proto, msg, duration, cores, &[(0, 1), (1, 0)])
+    run_streams(pair, proto, msg, warmup, duration, cores, &[(0, 1), (1, 0)])
 }
 
 /// Rejects message sizes the transport cannot carry as one message.
@@ -658,13 +667,15 @@ fn send_udp(sock: &UdpSocket, buf: &[u8]) -> Result<(), String> {
     }
 }
 
-/// What one receiver of a streaming run counted.
+/// What one receiver of a streaming run counted: times in nanoseconds from
+/// the run's start, one arrival per datagram or TCP read.
+type Received = crate::session::Tally;
+
+/// Messages one receiver got: after its clock started, and in all.
 #[derive(Clone, Copy, Debug, Default)]
-struct Received {
-    bytes: u64,
-    msgs: u64,
-    first: Option<Instant>,
-    last: Option<Instant>,
+struct Units {
+    measured: u64,
+    all: u64,
 }
 
 /// Shared flags of one streaming run.
@@ -682,10 +693,15 @@ fn run_streams(
     pair: &VethPair,
     proto: Proto,
     msg: usize,
+    warmup: Duration,
     duration: Duration,
     cores: (Option<CoreId>, Option<CoreId>),
     dirs: &[(usize, usize)],
 ) -> Result<StreamResult, String> {
+    // Senders send through the warm-up and the measured time; receivers
+    // measure from `warmup` after their first arrival, on one clock.
+    let base = Instant::now();
+    let sending = warmup + duration;
     if msg == 0 {
         return Err("streaming needs messages of at least 1 byte".to_string());
     }
@@ -707,7 +723,18 @@ fn run_streams(
         for (d, &(from, to)) in dirs.iter().enumerate() {
             let (port_tx, port_rx) = mpsc::channel();
             receivers.push(s.spawn(move || {
-                let r = stream_receiver(pair, proto, msg, to, core(to), d, ctl, &port_tx, duration);
+                let r = stream_receiver(
+                    pair,
+                    proto,
+                    msg,
+                    to,
+                    core(to),
+                    d,
+                    ctl,
+                    &port_tx,
+                    sending,
+                    (base, warmup),
+                );
                 if let Err(e) = &r {
                     let _ = port_tx.send(Err(e.clone()));
                 }
@@ -737,7 +764,7 @@ fn run_streams(
                     d,
                     ctl,
                     &ready_tx,
-                    duration,
+                    sending,
                 )
             }));
         }
@@ -776,20 +803,22 @@ fn run_streams(
                 }
             }
         }
-        let mut total = Received::default();
+        let mut total = StreamResult::default();
+        let mut span: Option<(u64, u64)> = None;
         for h in receivers {
             match h
                 .join()
                 .unwrap_or_else(|_| Err("stream receiver panicked".to_string()))
             {
-                Ok(r) => {
-                    total.bytes += r.bytes;
-                    total.msgs += r.msgs;
-                    total.first = match (total.first, r.first) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    total.last = total.last.max(r.last);
+                Ok((r, msgs)) => {
+                    let (m, first, last) = r.measured();
+                    total.bytes += m.bytes;
+                    total.msgs += msgs.measured;
+                    total.received += msgs.all;
+                    if r.arrived > 0 {
+                        span =
+                            Some(span.map_or((first, last), |(f, l)| (f.min(first), l.max(last))));
+                    }
                 }
                 Err(e) => {
                     first_err.get_or_insert(format!("receiver: {e}"));
@@ -802,16 +831,9 @@ fn run_streams(
         if total.bytes == 0 {
             return Err(format!("{proto:?} stream: the receiver got nothing"));
         }
-        let seconds = match (total.first, total.last) {
-            (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
-            _ => 0.0,
-        };
-        Ok(StreamResult {
-            bytes: total.bytes,
-            seconds,
-            sent,
-            received: total.msgs,
-        })
+        total.seconds = span.map_or(0.0, |(f, l)| (l - f) as f64 / 1e9);
+        total.sent = sent;
+        Ok(total)
     })
 }
 
@@ -828,7 +850,8 @@ fn stream_receiver(
     ctl: &StreamCtl,
     port_tx: &mpsc::Sender<Result<u16, String>>,
     duration: Duration,
-) -> Result<Received, String> {
+    (base, warmup): (Instant, Duration),
+) -> Result<(Received, Units), String> {
     pair.enter(side)?;
     if let Some(c) = core {
         core_affinity::set_for_current(c);
@@ -836,13 +859,12 @@ fn stream_receiver(
     // Nothing may keep a receiver beyond the run plus generous slack.
     let deadline = Instant::now() + duration + SETUP_TIMEOUT + Duration::from_secs(30);
     let mut r = Received::default();
+    let warmup = warmup.as_nanos() as u64;
     let mut note = |n: usize| {
-        let now = Instant::now();
-        r.first.get_or_insert(now);
-        r.last = Some(now);
-        r.bytes += n as u64;
+        let now = base.elapsed().as_nanos() as u64;
+        r.note(now, 1, n as u64, warmup);
     };
-    match proto {
+    let units = match proto {
         Proto::Tcp => {
             let listener =
                 TcpListener::bind((pair.ip[side], 0)).map_err(|e| format!("TCP bind: {e}"))?;
@@ -850,7 +872,9 @@ fn stream_receiver(
             let _ = port_tx.send(Ok(port));
             let mut conn = match accept_one(&listener, &ctl.abort) {
                 Ok(c) => c,
-                Err(_) if ctl.abort.load(Ordering::Acquire) => return Ok(Received::default()),
+                Err(_) if ctl.abort.load(Ordering::Acquire) => {
+                    return Ok((Received::default(), Units::default()))
+                }
                 Err(e) => return Err(e),
             };
             drop(listener);
@@ -872,7 +896,11 @@ fn stream_receiver(
                     Err(e) => return Err(format!("TCP stream read: {e}")),
                 }
             }
-            r.msgs = r.bytes / msg as u64;
+            // Whole messages of the byte stream.
+            Units {
+                measured: r.measured().0.bytes / msg as u64,
+                all: r.arrived_bytes / msg as u64,
+            }
         }
         Proto::Udp => {
             let sock = UdpSocket::bind((pair.ip[side], 0)).map_err(|e| format!("UDP bind: {e}"))?;
@@ -882,13 +910,9 @@ fn stream_receiver(
                 .map_err(|e| e.to_string())?;
             let _ = port_tx.send(Ok(port));
             let mut buf = vec![0u8; UDP_MAX + 1];
-            let mut msgs = 0u64;
             loop {
                 match sock.recv(&mut buf) {
-                    Ok(n) => {
-                        note(n);
-                        msgs += 1;
-                    }
+                    Ok(n) => note(n),
                     Err(e) if is_timeout(&e) || e.kind() == ErrorKind::Interrupted => {
                         // Idle for POLL after the sender finished: all that will come has.
                         if ctl.sender_done[dir].load(Ordering::Acquire)
@@ -904,10 +928,13 @@ fn stream_receiver(
                     Err(e) => return Err(format!("UDP stream recv: {e}")),
                 }
             }
-            r.msgs = msgs;
+            Units {
+                measured: r.measured().0.msgs,
+                all: r.arrived,
+            }
         }
-    }
-    Ok(r)
+    };
+    Ok((r, units))
 }
 
 /// Sending end of stream direction `dir`: enters namespace `side`, connects,
@@ -1231,6 +1258,7 @@ mod tests {
             &pair,
             Proto::Tcp,
             64 << 10,
+            Duration::from_millis(20),
             Duration::from_millis(200),
             (None, None),
         )
@@ -1238,9 +1266,11 @@ mod tests {
         assert!(r.bytes > 0);
         assert!(r.seconds > 0.05 && r.seconds < 5.0, "{r:?}");
         assert!(r.sent > 0 && r.received <= r.sent, "{r:?}");
-        // Every byte written was received (TCP), give or take the last partial message.
+        // Every message written was received (TCP), give or take the last
+        // partial one; what was measured is some of it.
+        assert!(r.received + 1 >= r.sent, "{r:?}");
         assert!(
-            r.bytes >= (r.sent - 1) * (64 << 10) && r.bytes <= r.sent * (64 << 10),
+            r.msgs < r.received && r.bytes <= r.received * (64 << 10),
             "{r:?}"
         );
         let gbps = r.bytes as f64 * 8.0 / r.seconds / 1e9;
@@ -1257,12 +1287,14 @@ mod tests {
             &pair,
             Proto::Udp,
             1472,
+            Duration::from_millis(20),
             Duration::from_millis(200),
             (None, None),
         )
         .expect("UDP stream");
         assert!(r.received > 0 && r.received <= r.sent, "{r:?}");
-        assert_eq!(r.bytes, r.received * 1472);
+        assert!(r.msgs > 0 && r.msgs < r.received, "{r:?}");
+        assert_eq!(r.bytes, r.msgs * 1472);
         eprintln!(
             "UDP stream 1472 B: {:.2} Gbit/s, lost {} of {}",
             gbit(&r),
@@ -1273,6 +1305,7 @@ mod tests {
             &pair,
             Proto::Tcp,
             64 << 10,
+            Duration::from_millis(20),
             Duration::from_millis(200),
             (None, None),
         )

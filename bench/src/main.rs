@@ -247,9 +247,15 @@ fn run(args: &Args) -> Result<(), String> {
             ));
         }
     }
-    // Raw first: every ratio is against it.
+    // Each once (a repeat would be measured twice a round under one name),
+    // raw first: every ratio is against it.
+    let mut seen = Vec::new();
+    transports.retain(|t| {
+        let new = !seen.contains(t);
+        seen.push(*t);
+        new
+    });
     transports.sort_by_key(|t| *t != Transport::Raw);
-    transports.dedup();
     let max = args.max_size.min(8 << 20);
     let sizes_for = |t: Test| -> Vec<usize> {
         if t == Test::Msgrate {
@@ -491,14 +497,14 @@ fn measure(
                     )
                     .map(Sample::Latency),
                     _ => if test == Test::Bibw {
-                        kernel::bibw(pair, proto, size, pace.time, cores)
+                        kernel::bibw(pair, proto, size, pace.warmup, pace.time, cores)
                     } else {
-                        kernel::stream(pair, proto, size, pace.time, cores)
+                        kernel::stream(pair, proto, size, pace.warmup, pace.time, cores)
                     }
                     .map(|r| {
                         Sample::Flow(session::Stream {
                             bytes: r.bytes,
-                            msgs: r.received,
+                            msgs: r.msgs,
                             secs: r.seconds,
                         })
                     }),

@@ -128,7 +128,7 @@ pub struct Row {
     /// per-round ratios of p50 (latency) or of the rate (streams).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_to_raw: Option<f64>,
-    /// Latency only: p99 against raw's p99 (medians over rounds).
+    /// Latency only: p99 against raw's p99 (the median of per-round ratios).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_ratio_to_raw: Option<f64>,
     /// emx transports: protocol counters over the rounds.
@@ -219,17 +219,18 @@ impl Collector {
                         .collect()
                 };
                 let p50 = q(0.5);
+                let p99 = q(0.99);
                 let (lo, hi) = min_max(&p50);
                 row.latency = Some(Latency {
                     p50_ns: median(&p50),
                     p90_ns: median(&q(0.9)),
-                    p99_ns: median(&q(0.99)),
+                    p99_ns: median(&p99),
                     p999_ns: median(&q(0.999)),
                     max_ns: hists.iter().map(|h| h.max()).max().unwrap_or(0) as f64,
                     count: hists.iter().map(|h| h.len()).sum(),
                     p50_min_ns: lo,
                     p50_max_ns: hi,
-                    rounds_p50_ns: p50,
+                    rounds_p50_ns: p50.clone(),
                 });
                 if let Some(raw) = raw {
                     let rq = |p: f64| -> Vec<f64> {
@@ -242,17 +243,14 @@ impl Collector {
                             })
                             .collect()
                     };
-                    let lat = row.latency.as_ref().expect("just set");
-                    let r50 = rq(0.5);
-                    let ratios: Vec<f64> = lat
-                        .rounds_p50_ns
-                        .iter()
-                        .zip(&r50)
-                        .map(|(a, b)| a / b)
-                        .collect();
-                    row.ratio_to_raw = (!ratios.is_empty()).then(|| median(&ratios));
-                    let r99 = rq(0.99);
-                    row.p99_ratio_to_raw = (!r99.is_empty()).then(|| lat.p99_ns / median(&r99));
+                    // Medians of per-round ratios, p50 and p99 alike.
+                    let ratio = |mine: &[f64], p: f64| {
+                        let ratios: Vec<f64> =
+                            mine.iter().zip(&rq(p)).map(|(a, b)| a / b).collect();
+                        (!ratios.is_empty()).then(|| median(&ratios))
+                    };
+                    row.ratio_to_raw = ratio(&p50, 0.5);
+                    row.p99_ratio_to_raw = ratio(&p99, 0.99);
                 }
             }
             let flows: Vec<&Stream> = samples
@@ -494,7 +492,8 @@ impl Report {
         }
         let _ = writeln!(
             o,
-            "\n(medians over rounds; ratios are medians of per-round ratios against raw in the same run)"
+            "\n(latency: medians over rounds; bandwidth and rates: totals over rounds; ratios are \
+             medians of per-round ratios against raw in the same run)"
         );
         o
     }

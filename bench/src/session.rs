@@ -126,28 +126,109 @@ pub(crate) enum Cmd {
         ep: usize,
         size: usize,
     },
-    /// Count raw frames; when `back` is given, stream frames of that length back.
+    /// Count raw frames, measuring from `warmup_us` after the first; when
+    /// `back` is given, stream frames of that length back.
     RawSink {
         back: Option<usize>,
+        warmup_us: u64,
     },
-    /// Count emx messages of `size`; `depth` receives posted; when `back`,
-    /// stream messages of `size` back with `depth` in flight, sent from
-    /// `sends`.
+    /// Count emx messages of `size`, measuring from `warmup_us` after the
+    /// first; `depth` receives posted; when `back`, stream messages of `size`
+    /// back with `depth` in flight, sent from `sends`.
     EmxSink {
         ep: usize,
         size: usize,
         depth: usize,
         back: bool,
         sends: SendBuffers,
+        warmup_us: u64,
     },
+}
+
+/// What a stream's receiver counts. A rate over n arrivals spans n - 1
+/// gaps, so the arrival that starts the clock is timed, not counted. The
+/// clock starts at the first arrival once the warm-up is over (`warmup`
+/// after the very first), or at the very first when the stream ended within
+/// its warm-up (a stream cut short by `--iters`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Tally {
+    /// Everything that arrived, warm-up included (a drain waits for it all),
+    /// and its bytes.
+    pub arrived: u64,
+    pub arrived_bytes: u64,
+    warm_at: u64,
+    all: Span,
+    warm: Span,
+}
+
+/// Arrivals after the one that started the clock, and when.
+#[derive(Clone, Copy, Debug, Default)]
+struct Span {
+    started: bool,
+    first: u64,
+    last: u64,
+    bytes: u64,
+    msgs: u64,
+}
+
+impl Span {
+    fn note(&mut self, now: u64, n: u64, bytes: u64) {
+        if self.started {
+            self.msgs += n;
+            self.bytes += bytes;
+        } else {
+            self.started = true;
+            self.first = now;
+        }
+        self.last = now;
+    }
+}
+
+impl Tally {
+    /// `n` messages (or frames) of `bytes` in all arrived at TSC `now`;
+    /// measuring starts `warmup` ticks after the first arrival.
+    pub(crate) fn note(&mut self, now: u64, n: u64, bytes: u64, warmup: u64) {
+        if n == 0 {
+            return;
+        }
+        if self.arrived == 0 {
+            self.warm_at = now.saturating_add(warmup);
+        }
+        self.arrived += n;
+        self.arrived_bytes += bytes;
+        self.all.note(now, n, bytes);
+        if now >= self.warm_at {
+            self.warm.note(now, n, bytes);
+        }
+    }
+
+    /// What is measured: bytes and messages after the clock started, and the
+    /// TSC of its start and of the last arrival.
+    pub(crate) fn measured(&self) -> (Stream, u64, u64) {
+        let s = if self.warm.msgs > 0 {
+            &self.warm
+        } else {
+            &self.all
+        };
+        let stream = Stream {
+            bytes: s.bytes,
+            msgs: s.msgs,
+            secs: 0.0,
+        };
+        (stream, s.first, s.last)
+    }
 }
 
 /// What the echo side counted in a stream, on its own clock.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Counters {
+    /// Messages (or raw frames) that arrived, warm-up included.
+    pub arrived: u64,
+    /// What was measured (see [`Tally`]).
     pub bytes: u64,
     pub msgs: u64,
-    /// First and last arrival, nanoseconds on the echo side's clock.
+    /// Start of the measured span and last arrival, nanoseconds on the echo
+    /// side's clock.
     pub first_ns: f64,
     pub last_ns: f64,
     /// emx messages sent back (bibw), and whether all are done.
@@ -161,8 +242,10 @@ pub(crate) struct Ctl {
     cmd: Mutex<Cmd>,
     /// The generation the echo thread runs (it acknowledges a switch).
     running: AtomicU64,
-    /// What the echo side received in a stream: bytes, messages, and the TSC
-    /// of the first and the last arrival.
+    /// What the echo side received in a stream (see [`Tally`]): everything
+    /// that arrived; measured bytes and messages, and the TSC of the start of
+    /// the measured span and of the last arrival.
+    arrived: AtomicU64,
     bytes: AtomicU64,
     msgs: AtomicU64,
     first: AtomicU64,
@@ -181,6 +264,7 @@ impl Ctl {
             gen: AtomicU64::new(0),
             cmd: Mutex::new(Cmd::Idle),
             running: AtomicU64::new(0),
+            arrived: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             msgs: AtomicU64::new(0),
             first: AtomicU64::new(0),
@@ -214,6 +298,7 @@ impl Ctl {
     pub(crate) fn counters(&self, hz: f64) -> Counters {
         let ns = |t: &AtomicU64| t.load(Ordering::Acquire) as f64 * 1e9 / hz;
         Counters {
+            arrived: self.arrived.load(Ordering::Acquire),
             bytes: self.bytes.load(Ordering::Acquire),
             msgs: self.msgs.load(Ordering::Acquire),
             first_ns: ns(&self.first),
@@ -223,14 +308,15 @@ impl Ctl {
         }
     }
 
-    fn count(&self, bytes: u64) {
-        let now = dpdk_ffi::rdtsc();
-        if self.msgs.load(Ordering::Relaxed) == 0 {
-            self.first.store(now, Ordering::Relaxed);
-        }
-        self.last.store(now, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.msgs.fetch_add(1, Ordering::Release);
+    /// Shows the echo thread's tally to the pinger (`arrived` last: once it
+    /// has everything, the rest is final).
+    fn publish(&self, t: &Tally) {
+        let (m, first, last) = t.measured();
+        self.bytes.store(m.bytes, Ordering::Relaxed);
+        self.msgs.store(m.msgs, Ordering::Relaxed);
+        self.first.store(first, Ordering::Relaxed);
+        self.last.store(last, Ordering::Relaxed);
+        self.arrived.store(t.arrived, Ordering::Release);
     }
 }
 
@@ -324,6 +410,7 @@ pub(crate) fn spawn_echo(
                 pool,
                 hdr,
                 chans,
+                hz: dpdk_ffi::tsc_hz(&eal) as f64,
             }
             .run()
         })
@@ -849,6 +936,11 @@ impl Session {
         })
     }
 
+    /// The warm-up in TSC ticks.
+    fn warmup_ticks(&self, pace: &Pace) -> u64 {
+        (pace.warmup.as_secs_f64() * self.hz) as u64
+    }
+
     /// Returns what this side received (bibw) and its first and last TSC.
     fn raw_stream(
         &mut self,
@@ -859,8 +951,10 @@ impl Session {
         let len = size.clamp(1, self.raw_per());
         self.command(Cmd::RawSink {
             back: bidir.then_some(len),
+            warmup_us: pace.warmup.as_micros() as u64,
         })?;
-        let mut got = (Stream::default(), 0u64, 0u64);
+        let warm = self.warmup_ticks(&pace);
+        let mut got = Tally::default();
         let mut burst: Burst = Burst::new();
         let mut inb: Burst = Burst::new();
         let end = Instant::now() + pace.warmup + pace.time;
@@ -883,7 +977,7 @@ impl Session {
                 }
             }
             if bidir {
-                count_raw(rx, &mut inb, &mut got);
+                count_raw(rx, &mut inb, &mut got, warm);
             }
         }
         drop(burst);
@@ -891,18 +985,18 @@ impl Session {
         let mut err = None;
         settle(|| {
             if bidir {
-                count_raw(&mut self.chans.raw().0, &mut inb, &mut got);
+                count_raw(&mut self.chans.raw().0, &mut inb, &mut got, warm);
             }
             let theirs = self.counters().map_or_else(
                 |e| {
                     err = Some(e);
                     0
                 },
-                |c| c.msgs,
+                |c| c.arrived,
             );
-            theirs + got.0.msgs
+            theirs + got.arrived
         });
-        err.map_or(Ok(got), Err)
+        err.map_or(Ok(got.measured()), Err)
     }
 
     fn emx_stream(
@@ -920,11 +1014,13 @@ impl Session {
             depth: window,
             back: bidir,
             sends,
+            warmup_us: pace.warmup.as_micros() as u64,
         })?;
+        let warm = self.warmup_ticks(&pace);
         let control = &mut self.control;
         let s = self.chans.side(ep);
         s.stream_buffers(size, window, true, bidir, sends)?;
-        let mut got = (Stream::default(), 0u64, 0u64);
+        let mut got = Tally::default();
         let end = Instant::now() + pace.warmup + pace.time;
         let mut n = 0u64;
         loop {
@@ -936,16 +1032,7 @@ impl Session {
             }
             if bidir {
                 while s.posted.len() < window && s.post(gen) {}
-                while let Some((b, len)) = s.recv_done()? {
-                    s.free.push(b);
-                    let now = dpdk_ffi::rdtsc();
-                    if got.0.msgs == 0 {
-                        got.1 = now;
-                    }
-                    got.2 = now;
-                    got.0.msgs += 1;
-                    got.0.bytes += len;
-                }
+                take_stream(s, &mut got, warm)?;
             }
             if s.sends_done()? == 0 {
                 if let Some(&front) = s.sends.front() {
@@ -970,25 +1057,20 @@ impl Session {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let c = self.counters()?;
-            let (theirs, back_done, back) = (c.msgs, c.back_done, c.sent_back);
+            let (theirs, back_done, back) = (c.arrived, c.back_done, c.sent_back);
             let s = self.chans.side(ep);
-            if theirs >= n && (!bidir || (back_done && got.0.msgs >= back)) {
+            if theirs >= n && (!bidir || (back_done && got.arrived >= back)) {
                 break;
             }
             if Instant::now() > deadline {
                 return Err(format!(
                     "stream did not drain: echo got {theirs} of {n}, we got {} of {back}",
-                    got.0.msgs
+                    got.arrived
                 ));
             }
             s.ep.progress();
             if bidir {
-                while let Some((b, len)) = s.recv_done()? {
-                    s.free.push(b);
-                    got.2 = dpdk_ffi::rdtsc();
-                    got.0.msgs += 1;
-                    got.0.bytes += len;
-                }
+                take_stream(s, &mut got, warm)?;
                 while s.posted.len() < window && s.post(gen) {}
             } else {
                 std::thread::yield_now();
@@ -996,7 +1078,7 @@ impl Session {
         }
         let control = &mut self.control;
         self.chans.side(ep).quiesce(&mut || control.check())?;
-        Ok(got)
+        Ok(got.measured())
     }
 
     /// Stops the echo side.
@@ -1034,19 +1116,24 @@ fn settle(mut count: impl FnMut() -> u64) {
     }
 }
 
-fn count_raw(rx: &mut RxQueue, inb: &mut Burst, got: &mut (Stream, u64, u64)) {
-    if rx.rx_burst(inb) == 0 {
+fn count_raw(rx: &mut RxQueue, inb: &mut Burst, got: &mut Tally, warmup: u64) {
+    let n = rx.rx_burst(inb);
+    if n == 0 {
         return;
     }
-    let now = dpdk_ffi::rdtsc();
-    if got.0.msgs == 0 {
-        got.1 = now;
+    let bytes = inb.drain().map(|m| u64::from(stream_len(&m))).sum();
+    got.note(dpdk_ffi::rdtsc(), n as u64, bytes, warmup);
+}
+
+/// Takes the emx stream messages that arrived at side `s` into `got`, giving
+/// their buffers back.
+fn take_stream(s: &mut crate::chans::EmxSide, got: &mut Tally, warmup: u64) -> Result<(), String> {
+    while let Some((b, len)) = s.recv_done()? {
+        s.free.push(b);
+        // Each timed as it is taken: a short stream may come in one batch.
+        got.note(dpdk_ffi::rdtsc(), 1, len, warmup);
     }
-    got.2 = now;
-    for m in inb.drain() {
-        got.0.msgs += 1;
-        got.0.bytes += u64::from(stream_len(&m));
-    }
+    Ok(())
 }
 
 /// Frames of a raw message of `size` bytes, `per` bytes to a frame.
@@ -1138,6 +1225,8 @@ struct Echo {
     pool: Mempool,
     hdr: [u8; 14],
     chans: Chans,
+    /// TSC ticks a second.
+    hz: f64,
 }
 
 impl Echo {
@@ -1149,6 +1238,9 @@ impl Echo {
         let mut cur = (0u32, 0u32);
         let mut inb: Burst = Burst::new();
         let mut out: Burst = Burst::new();
+        // A sink's count, and its warm-up in ticks.
+        let mut tally = Tally::default();
+        let mut warm = 0u64;
         loop {
             let g = self.ctl.gen.load(Ordering::Acquire);
             if g != seen {
@@ -1176,7 +1268,15 @@ impl Echo {
                 gen = g;
                 cmd = next;
                 cur = (0, 0);
+                tally = Tally::default();
+                warm = match cmd {
+                    Cmd::RawSink { warmup_us, .. } | Cmd::EmxSink { warmup_us, .. } => {
+                        (warmup_us as f64 * self.hz / 1e6) as u64
+                    }
+                    _ => 0,
+                };
                 for a in [
+                    &self.ctl.arrived,
                     &self.ctl.bytes,
                     &self.ctl.msgs,
                     &self.ctl.first,
@@ -1205,6 +1305,7 @@ impl Echo {
                         depth,
                         back,
                         sends,
+                        ..
                     } => self
                         .chans
                         .side(ep)
@@ -1284,20 +1385,12 @@ impl Echo {
                         s.post(gen);
                     }
                 }
-                Cmd::RawSink { back } => {
+                Cmd::RawSink { back, .. } => {
                     let (rx, tx) = self.chans.raw();
-                    let n = rx.rx_burst(&mut inb);
-                    if n > 0 {
-                        let bytes: usize = inb.iter().map(|m| stream_len(m) as usize).sum();
-                        inb.clear();
-                        let now = dpdk_ffi::rdtsc();
-                        let c = &self.ctl;
-                        if c.msgs.load(Ordering::Relaxed) == 0 {
-                            c.first.store(now, Ordering::Relaxed);
-                        }
-                        c.last.store(now, Ordering::Relaxed);
-                        c.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-                        c.msgs.fetch_add(n as u64, Ordering::Release);
+                    let before = tally.arrived;
+                    count_raw(rx, &mut inb, &mut tally, warm);
+                    if tally.arrived != before {
+                        self.ctl.publish(&tally);
                     }
                     if let Some(len) = back {
                         if !self.ctl.stop.load(Ordering::Acquire) {
@@ -1325,9 +1418,10 @@ impl Echo {
                         }
                     }
                     s.ep.progress();
-                    while let Some((b, len)) = s.recv_done()? {
-                        s.free.push(b);
-                        self.ctl.count(len);
+                    let before = tally.arrived;
+                    take_stream(s, &mut tally, warm)?;
+                    if tally.arrived != before {
+                        self.ctl.publish(&tally);
                     }
                     s.sends_done()?;
                     if back && s.sends.is_empty() && self.ctl.stop.load(Ordering::Acquire) {
@@ -1336,5 +1430,52 @@ impl Echo {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tally;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A rate over n arrivals spans n - 1 gaps: the first is timed, not
+    /// counted (it used to be counted, a third too much over three).
+    #[test]
+    fn the_arrival_that_starts_the_clock_is_not_counted() {
+        let mut t = Tally::default();
+        for at in [0, 10, 20] {
+            t.note(1_000 + at, 1, MIB, 0);
+        }
+        let (m, first, last) = t.measured();
+        assert_eq!((m.bytes, m.msgs), (2 * MIB, 2));
+        assert_eq!((first, last), (1_000, 1_020));
+        assert_eq!((t.arrived, t.arrived_bytes), (3, 3 * MIB));
+    }
+
+    /// What arrives in the warm-up (from the first arrival on) is left out.
+    #[test]
+    fn the_warm_up_is_left_out() {
+        let mut t = Tally::default();
+        for at in [0, 10, 20, 30, 40] {
+            t.note(at, 1, MIB, 15);
+        }
+        let (m, first, last) = t.measured();
+        assert_eq!((m.bytes, first, last), (2 * MIB, 20, 40));
+        assert_eq!(t.arrived, 5, "the drain still sees everything");
+    }
+
+    /// A stream that ended within its warm-up is measured whole.
+    #[test]
+    fn a_stream_within_its_warm_up_is_measured_whole() {
+        let mut t = Tally::default();
+        for at in [0, 10, 20] {
+            t.note(at, 4, 4 * MIB, 1_000);
+        }
+        let (m, first, last) = t.measured();
+        assert_eq!((m.bytes, m.msgs, first, last), (8 * MIB, 8, 0, 20));
+        // Nothing arrived: nothing measured, no span.
+        let (m, first, last) = Tally::default().measured();
+        assert_eq!((m.bytes, m.msgs, first, last), (0, 0, 0, 0));
     }
 }

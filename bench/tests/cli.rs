@@ -206,6 +206,21 @@ fn bibw_json() {
 }
 
 #[test]
+fn a_transport_named_twice_runs_once() {
+    let r = json(&[
+        "--test",
+        "latency",
+        "--sizes",
+        "8",
+        "--transports",
+        "emx,raw,emx",
+    ]);
+    let rows = check_rows(&r, "latency");
+    let emx = rows.iter().filter(|r| r["transport"] == "emx").count();
+    assert_eq!(emx, 1, "{rows:?}");
+}
+
+#[test]
 fn msgrate_json() {
     let r = json(&["--test", "msgrate", "--msg-size", "8"]);
     let rows = check_rows(&r, "msgrate");
