@@ -197,6 +197,28 @@ fn fault_duplicate_reorder_corrupt_delay() {
     assert!(t0.elapsed() >= Duration::from_millis(20));
 }
 
+/// The injector's hold queue is bounded (4096 frames): past it, the frame
+/// held longest leaves early, so frames still arrive in order and none is
+/// lost uncounted. (The newest used to leave at once, overtaking all the
+/// held ones, with nothing counted.)
+#[test]
+fn a_full_hold_queue_lets_the_oldest_go_first() {
+    let (mut a, b) = MemNetwork::pair(1500);
+    let dst = b.mac();
+    let mut b = Faulty::new(
+        b,
+        FaultConfig {
+            delay: Duration::from_secs(60),
+            ..FaultConfig::default()
+        },
+        5,
+    );
+    let got = pump(&mut a, dst, &mut b, 6000, Duration::from_millis(5));
+    let st = b.fault_stats();
+    assert_eq!(got, (0..6000 - 4096).collect::<Vec<_>>(), "oldest first");
+    assert_eq!((st.held, st.dropped), (got.len() as u64, 0), "{st:?}");
+}
+
 #[test]
 fn pcap_records_both_directions() {
     let dir = std::env::temp_dir().join(format!("emx-pcap-{}", std::process::id()));

@@ -150,6 +150,96 @@ fn lossy_reordering_link_delivers_exactly_once() {
     assert!(retrans > 0, "losses were repaired by retransmission");
 }
 
+/// A link whose payloads never attach (as a DPDK port out of mbufs for the
+/// payload's segment), and that copies nothing below a size.
+struct NoAttach(emx::io::MemIo);
+
+impl PacketIo for NoAttach {
+    type Frame = <emx::io::MemIo as PacketIo>::Frame;
+    fn recv(&mut self, out: &mut Vec<Self::Frame>, max: usize) -> usize {
+        self.0.recv(out, max)
+    }
+    fn send(&mut self, f: &mut Vec<Self::Frame>) -> usize {
+        self.0.send(f)
+    }
+    fn alloc(&mut self) -> Result<Self::Frame, emx::io::IoError> {
+        self.0.alloc()
+    }
+    fn put<'f>(
+        &mut self,
+        frame: &'f mut Self::Frame,
+        len: usize,
+    ) -> Result<&'f mut [u8], emx::io::IoError> {
+        self.0.put(frame, len)
+    }
+    fn truncate(&mut self, frame: &mut Self::Frame, len: usize) {
+        self.0.truncate(frame, len)
+    }
+    fn attach(
+        &mut self,
+        _: &mut Self::Frame,
+        _: emx::io::Payload<'_>,
+    ) -> Result<(), emx::io::IoError> {
+        Err(emx::io::IoError::NoBuffer("no mbuf for the payload".into()))
+    }
+    fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame> {
+        self.0.duplicate(frame)
+    }
+    fn mac(&self) -> emx::io::Mac {
+        self.0.mac()
+    }
+    fn max_frame(&self) -> usize {
+        self.0.max_frame()
+    }
+    fn copy_below(&self) -> usize {
+        0
+    }
+    fn stats(&self) -> emx::io::IoStats {
+        self.0.stats()
+    }
+}
+
+/// A payload that cannot be attached costs its frame (the core sends it
+/// again), and the driver stops building for the round: it used to go on
+/// taking every frame the core had ready, each dropped the same way and
+/// left to wait out a retransmission timeout.
+#[test]
+fn a_failed_attach_ends_the_round() {
+    let clock = Clock::new();
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut a = driver(NoAttach(ia), 1, (2, mb), &clock);
+    let mut b = driver(ib, 2, (1, ma), &clock);
+    // The sessions start (HELLOs carry no payload).
+    for _ in 0..10 {
+        a.progress(clock.now(), |_| {});
+        b.progress(clock.now(), |_| {});
+    }
+    assert_eq!(a.build_failures(), 0);
+    // Six frames of payload, each to be attached.
+    a.core()
+        .send(
+            clock.now(),
+            Addr::new(2, 0),
+            1,
+            SendBuf::Owned(message(0, 8000)),
+            0,
+        )
+        .unwrap();
+    for _ in 0..20 {
+        a.progress(clock.now(), |_| {});
+        if a.build_failures() > 0 {
+            break;
+        }
+        b.progress(clock.now(), |_| {});
+    }
+    assert_eq!(
+        a.build_failures(),
+        1,
+        "one frame lost for the round, not six"
+    );
+}
+
 #[test]
 fn idle_drivers_make_no_progress() {
     let clock = Clock::new();

@@ -105,15 +105,13 @@ fn memif_pair_256_mib_through_loss_and_reordering() {
     });
     send_all(&mut a, Addr::new(2, 0), &sizes, 8, None);
     done.store(true, Ordering::Release);
-    let mut b = receiver.join().unwrap();
+    let b = receiver.join().unwrap();
     eprintln!(
         "{} messages, {} bytes through 10% loss in {:?}",
         sizes.len(),
         sizes.iter().sum::<usize>(),
         t0.elapsed()
     );
-    let (peer, _) = b.stats(Addr::new(1, 0)).unwrap();
-    assert!(peer.unwrap().duplicates > 0 || peer.unwrap().frames_received > 0);
     let (peer, _) = a.stats(Addr::new(2, 0)).unwrap();
     assert!(peer.unwrap().retransmits > 0, "losses were repaired");
     // Frames held back by the fault injector are freed with it.

@@ -33,6 +33,77 @@ fn memif_pair_jumbo_chained_receive() {
     exchange(Some(MEMIF_MAX_MTU), JUMBO_ROOM, DEFAULT_DATA_ROOM, 16 << 20);
 }
 
+/// A driver holding the last handles on its port and pool frees the frames
+/// it keeps (a spare one an idle poll prepared, a transmit backlog) before
+/// them. Its link used to go first, so the pool was dropped with an mbuf
+/// still out and leaked for good (its name stayed taken, EAL cleanup was
+/// skipped).
+#[test]
+fn a_driver_frees_its_frames_before_its_link() {
+    let eal = Eal::builder().memory_mb(256).init().unwrap();
+    let pool = Mempool::new(&eal, "rt-own", 1023, 32, DEFAULT_DATA_ROOM).unwrap();
+    let pool_b = Mempool::new(&eal, "rt-own-b", 1023, 32, DEFAULT_DATA_ROOM).unwrap();
+    let sock = format!("/tmp/emx-rt-own-{}.sock", std::process::id());
+    let _ = std::fs::remove_file(&sock);
+    let cfg = PortConfig::default();
+    let pa = Port::from_devargs(
+        &eal,
+        &format!("net_memif0,role=server,socket={sock}"),
+        &cfg,
+        &pool,
+    )
+    .unwrap();
+    let pb = Port::from_devargs(
+        &eal,
+        &format!("net_memif1,role=client,socket={sock}"),
+        &cfg,
+        &pool_b,
+    )
+    .unwrap();
+    pa.wait_link(Duration::from_secs(10)).unwrap();
+    let clock = Clock::new();
+    let io = DpdkIo::new(&pa, 0, &pool).unwrap();
+    let mut core = Core::new(
+        CoreConfig::default(),
+        Addr::new(1, 0),
+        MacAddr(io.mac()),
+        1,
+        clock.now(),
+    )
+    .unwrap();
+    core.add_peer(Addr::new(2, 0), MacAddr(pb.mac())).unwrap();
+    let mut d = Driver::new(core, io);
+    for _ in 0..10 {
+        d.progress(clock.now(), |_| {});
+    }
+    assert!(pool.in_use() > 0, "the driver keeps a frame ready");
+    drop((pa, pool));
+    drop(d);
+    // Freed: the name can be taken again.
+    Mempool::new(&eal, "rt-own", 1023, 32, DEFAULT_DATA_ROOM).unwrap();
+    drop(pb);
+    let _ = std::fs::remove_file(&sock);
+}
+
+/// A port that cannot transmit chained mbufs (net_null) takes a pool whose
+/// buffers hold a whole frame, and refuses one whose buffers do not, with
+/// what to change: frames built over several would leave cut short.
+#[test]
+fn a_port_without_chained_transmit_needs_whole_frame_buffers() {
+    let eal = Eal::builder().memory_mb(256).init().unwrap();
+    let small = Mempool::new(&eal, "rt-small", 255, 0, 1024).unwrap();
+    let whole = Mempool::new(&eal, "rt-whole", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let port = Port::from_devargs(&eal, "net_null0", &PortConfig::default(), &whole).unwrap();
+    assert!(!port.multi_seg_tx());
+    let err = DpdkIo::new(&port, 0, &small).err().expect("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("cannot transmit chained mbufs") && text.contains("data room of at least"),
+        "{text}"
+    );
+    DpdkIo::new(&port, 0, &whole).unwrap();
+}
+
 /// A data room for a 9018-byte frame and the headroom.
 const JUMBO_ROOM: u16 = 9216;
 

@@ -51,7 +51,26 @@ pub struct DpdkIo {
 
 impl DpdkIo {
     /// Takes queue `queue` (rx and tx) of `port`; transmit frames come from `pool`.
+    ///
+    /// A port whose driver cannot transmit chained mbufs needs buffers that
+    /// hold a whole frame: a frame built over several would leave with its
+    /// first segment only (simple transmit paths ignore the rest), and be
+    /// sent again for ever.
     pub fn new(port: &Port, queue: u16, pool: &Mempool) -> Result<DpdkIo, IoError> {
+        let whole = dpdk_ffi::data_room_for_mtu(port.mtu());
+        if !port.multi_seg_tx() && pool.data_room() < whole {
+            return Err(IoError::Setup(format!(
+                "port {} ({})'s driver cannot transmit chained mbufs, and pool {}'s {}-byte \
+                 buffers \
+                 hold less than a frame at MTU {}: give the pool a data room of at least {whole} \
+                 bytes (dpdk_ffi::data_room_for_mtu), or the port a smaller MTU",
+                port.id(),
+                port.name(),
+                pool.name(),
+                pool.data_room(),
+                port.mtu()
+            )));
+        }
         Ok(DpdkIo {
             rx: port.rx_queue(queue)?,
             tx: port.tx_queue(queue)?,

@@ -103,13 +103,15 @@ impl FaultHandle {
 
 /// Wraps a link and injects faults into what it receives.
 pub struct Faulty<L: PacketIo> {
-    inner: L,
     shared: Arc<Shared>,
     rng: SmallRng,
     /// Frames held back, ordered by release time.
     held: VecDeque<(Instant, L::Frame)>,
     incoming: Vec<L::Frame>,
     stats: FaultStats,
+    /// The link, last: fields drop in order, and the frames above must go
+    /// back to its pool before it (and perhaps the pool) goes.
+    inner: L,
 }
 
 impl<L: PacketIo> Faulty<L> {
@@ -147,13 +149,19 @@ impl<L: PacketIo> Faulty<L> {
         threshold != 0 && self.rng.gen::<u32>() <= threshold
     }
 
-    fn hold(&mut self, at: Instant, frame: L::Frame, out: &mut Vec<L::Frame>) {
+    /// Holds `frame` until `at`. The queue is bounded: when full, the frame
+    /// held longest leaves early, into `out` while it has `room`, or is
+    /// dropped (and counted) when it has none, so that nothing overtakes
+    /// held frames uncounted and nothing vanishes unseen.
+    fn hold(&mut self, at: Instant, frame: L::Frame, out: &mut Vec<L::Frame>, room: bool) {
         if self.held.len() >= MAX_HELD {
-            // Bounded: deliver now rather than grow.
-            if out.len() < out.capacity() {
-                out.push(frame);
+            let (_, first) = self.held.pop_front().expect("the queue is full");
+            if room && out.len() < out.capacity() {
+                self.stats.held += 1;
+                out.push(first);
+            } else {
+                self.stats.dropped += 1;
             }
-            return;
         }
         let pos = self.held.partition_point(|(t, _)| *t <= at);
         self.held.insert(pos, (at, frame));
@@ -206,10 +214,11 @@ impl<L: PacketIo> PacketIo for Faulty<L> {
                     at += Duration::from_nanos(self.rng.gen_range(0..window));
                     self.stats.reordered += 1;
                 }
-                if at <= now && self.held.is_empty() && out.len() - start < max {
+                let room = out.len() - start < max;
+                if at <= now && self.held.is_empty() && room {
                     out.push(frame);
                 } else {
-                    self.hold(at, frame, out);
+                    self.hold(at, frame, out, room);
                 }
             }
         }

@@ -140,12 +140,12 @@ impl PacketIo for MemIo {
                     }
                 }
             } else if let Some((_, q)) = ports.iter().find(|(m, _)| *m == dst) {
-                if q.is_full() {
-                    // Back-pressure, as a NIC queue gives: leave it for later.
+                // Full (other senders may fill it too): back-pressure, as a
+                // NIC queue gives. The frame stays for a later call.
+                if q.push(f.clone()).is_err() {
                     self.stats.tx_full += 1;
                     break;
                 }
-                let _ = q.push(f.clone());
             } else {
                 self.dropped += 1;
             }

@@ -95,6 +95,9 @@ pub enum IoError {
         /// The link's maximum frame size.
         max: usize,
     },
+    /// The port and pool cannot make a link (what is wrong and the fix).
+    #[error("{0}")]
+    Setup(String),
     /// A DPDK call failed.
     #[error(transparent)]
     Dpdk(#[from] dpdk_ffi::Error),

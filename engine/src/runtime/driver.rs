@@ -116,7 +116,6 @@ pub struct Driver<L: PacketIo> {
     /// Endpoint id -> index in `cores` (`NO_CORE` where none).
     route: [u8; 256],
     ethertype: u16,
-    io: L,
     rx: Vec<L::Frame>,
     tx: Vec<L::Frame>,
     /// A frame ready to build in (allocated, `room` bytes put): one the cores
@@ -134,6 +133,9 @@ pub struct Driver<L: PacketIo> {
     /// Bytes a frame is built in: headers plus one frame's payload, so that the
     /// cores can pack small messages in place.
     room: usize,
+    /// The link, last: fields drop in order, and the frames above must go
+    /// back to its pool before it (and perhaps the pool) goes.
+    io: L,
 }
 
 const NO_CORE: u8 = u8::MAX;
@@ -385,8 +387,12 @@ impl<L: PacketIo> Driver<L> {
                         .is_err()
                     {
                         // Treated as lost on the wire: the core retransmits it.
+                        // No more this round: the next would most likely fail
+                        // the same way (the link is out of buffers), and each
+                        // frame taken from the core and dropped waits out a
+                        // retransmission timeout.
                         self.build_failures += 1;
-                        continue;
+                        break 'cores;
                     }
                 }
                 self.tx.push(f);
