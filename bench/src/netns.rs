@@ -27,6 +27,12 @@ const NEED_ROOT: &str = "the veth link needs root (network namespaces): run as r
 
 /// Namespaces that exist now and must be deleted if the process is interrupted.
 static REGISTRY: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Held (read) by every `ip` command this module runs, and taken (write) by
+/// the signal cleanup, which marks it stopping: the cleanup waits for the
+/// commands under way (a namespace being made now is made, then deleted),
+/// and none starts after it.
+static IP_GATE: std::sync::RwLock<bool> = std::sync::RwLock::new(false);
 /// Number of pairs created by this process so far (makes names unique).
 static PAIR_COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -212,7 +218,10 @@ impl Drop for VethPair {
 
 /// Installs, once per process, a handler for SIGINT, SIGTERM and SIGHUP that
 /// deletes every namespace still registered by [`VethPair::create`] and then
-/// exits the process with status 130 (interrupted).
+/// exits the process with status 128 + the signal, as a shell reports it
+/// (130 for SIGINT, 143 for SIGTERM). `ip` commands under way finish first,
+/// and no other starts: a signal in the middle of making a pair leaves
+/// nothing behind.
 ///
 /// The handler is a thread waiting on the signals (signal-hook), so the
 /// deletion runs outside signal context. [`VethPair::create`] does not install
@@ -233,6 +242,10 @@ pub fn cleanup_on_signal() {
             .name("netns-cleanup".into())
             .spawn(move || {
                 if let Some(sig) = signals.forever().next() {
+                    // Held until exit: `ip` commands under way end first, and
+                    // no other starts (one would make what this loop missed).
+                    let mut gate = IP_GATE.write().unwrap_or_else(|p| p.into_inner());
+                    *gate = true;
                     // Held until exit: a pair being made now cannot register
                     // names that this loop would miss.
                     let reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
@@ -245,7 +258,8 @@ pub fn cleanup_on_signal() {
                             reg.join(", ")
                         );
                     }
-                    std::process::exit(130);
+                    // As a shell reports death by the signal.
+                    std::process::exit(128 + sig);
                 }
             });
         if let Err(e) = spawned {
@@ -285,7 +299,13 @@ fn check_ip_tool() -> Result<(), String> {
 
 /// Runs `ip ARGS`, turning a failure into an error naming the command and its message.
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| {
+    let gate = IP_GATE.read().unwrap_or_else(|p| p.into_inner());
+    if *gate {
+        return Err("stopping on a signal".to_string());
+    }
+    let out = Command::new("ip").args(args).output();
+    drop(gate);
+    let out = out.map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             "the veth link needs the `ip` command: install iproute2".to_string()
         } else {
@@ -544,6 +564,75 @@ mod tests {
             gone,
             "stale namespace {stale} of dead pid {dead} was not removed"
         );
+    }
+
+    /// Helper for [`a_signal_while_pairs_are_made_leaves_nothing`], run in a
+    /// child process: makes and removes pairs until signalled.
+    #[test]
+    #[ignore = "helper process of a_signal_while_pairs_are_made_leaves_nothing"]
+    fn signal_setup_helper() {
+        if std::env::var_os(HELPER_ENV).is_none() {
+            return;
+        }
+        cleanup_on_signal();
+        let mut out = std::io::stdout();
+        std::io::Write::write_all(&mut out, b"EMXB-READY\n").unwrap();
+        std::io::Write::flush(&mut out).unwrap();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            drop(VethPair::create(1500));
+        }
+    }
+
+    /// A signal that comes while a pair is being made (about 40 `ip` calls)
+    /// leaves no namespace of the process behind: the cleanup waits for the
+    /// command under way. It used to delete the registered names while an
+    /// `ip netns add` of one of them was still running, which then made it.
+    #[test]
+    fn a_signal_while_pairs_are_made_leaves_nothing() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("{NEED_ROOT}");
+        }
+        let exe = std::env::current_exe().unwrap();
+        for round in 0..24u64 {
+            // Spread over a pair's making (each takes about 100 ms here).
+            let delay_ms = 5 + round * 37 % 150;
+            let mut child = Command::new(&exe)
+                .args([
+                    "--ignored",
+                    "--exact",
+                    "netns::tests::signal_setup_helper",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(HELPER_ENV, "1")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("re-exec the test binary");
+            let pid = child.id();
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            while !matches!(lines.next(), Some(Ok(l)) if l.contains("EMXB-READY")) {}
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )
+            .unwrap();
+            let status = child.wait().unwrap();
+            // An `ip` the helper ran outlives it: give one time to finish.
+            std::thread::sleep(Duration::from_millis(100));
+            let mine = format!("{NS_PREFIX}{pid}-");
+            let left: Vec<String> = listed()
+                .into_iter()
+                .filter(|n| n.starts_with(&mine))
+                .collect();
+            for n in &left {
+                delete_namespace(n);
+            }
+            assert!(left.is_empty(), "round {round}: left behind {left:?}");
+            assert_eq!(status.code(), Some(143), "round {round}: {status:?}");
+        }
     }
 
     /// Helper for [`signal_cleanup_removes_namespaces`], run in a child process:
