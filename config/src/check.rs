@@ -29,6 +29,31 @@ impl ClusterConfig {
                 ),
             ));
         }
+        // Protocols that switches, NICs and kernels act on: emx frames under
+        // one of these would be taken for them (VLAN tags stripped or
+        // pushed, IP stacks and LLDP agents fed emx headers).
+        const TAKEN: [(u16, &str); 8] = [
+            (0x0800, "IPv4"),
+            (0x0806, "ARP"),
+            (0x8035, "RARP"),
+            (0x86DD, "IPv6"),
+            (0x8100, "an 802.1Q VLAN tag"),
+            (0x88A8, "an 802.1ad VLAN tag"),
+            (0x9100, "a VLAN tag (QinQ)"),
+            (0x88CC, "LLDP"),
+        ];
+        let et = self.cluster().ethertype;
+        if let Some((_, what)) = TAKEN.iter().find(|(t, _)| *t == et) {
+            return Err(self.invalid(
+                "cluster.ethertype",
+                format!(
+                    "{et:#06x} is {what}'s EtherType: the network would take emx frames for \
+                     its frames (give an unassigned or local one; default {:#06x}, IEEE local \
+                     experimental)",
+                    emx::wire::DEFAULT_ETHERTYPE
+                ),
+            ));
+        }
         if self.memory().memory_mb == 0 {
             return Err(self.invalid("memory.memory_mb", "must be at least 1 (MiB)"));
         }

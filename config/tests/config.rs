@@ -178,6 +178,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("duplicate-mac.toml", 14, "node[1].mac", "duplicate MAC address 02:00:00:00:00:01 (node[0] \"n1\" at line 5 has it too)"),
     ("duplicate-name.toml", 13, "node[1].name", "duplicate node name \"alpha\" (node[0] \"alpha\" at line 5 has it too)"),
     ("endpoints-inline.toml", 10, "node[0].endpoints", "2 endpoints need a polling thread (give cores = [N])"),
+    ("ethertype-vlan.toml", 4, "cluster.ethertype", "0x8100 is an 802.1Q VLAN tag's EtherType"),
     ("ethertype-low.toml", 4, "cluster.ethertype", "0x0500 is below 0x0600, where values are frame lengths, not EtherTypes (want 0x0600..=0xffff"),
     ("memory-for-pool.toml", 6, "memory.memory_mb", "128 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000 (give memory_mb at least 210)"),
     ("missing-port.toml", 11, "node[1].port", "missing (this key is required)"),
