@@ -48,6 +48,12 @@ impl ThreadRegistration {
     pub fn lcore_id(&self) -> u32 {
         self.lcore
     }
+
+    /// Whether this registration made the thread an lcore (false: it was one
+    /// already, and dropping this changes nothing).
+    pub fn is_new(&self) -> bool {
+        self.owned
+    }
 }
 
 impl Drop for ThreadRegistration {

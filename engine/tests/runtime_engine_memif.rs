@@ -77,6 +77,52 @@ fn memif_pair_polling_threads_0_to_64_mib() {
     });
 }
 
+/// A thread that drives an inline endpoint is registered with DPDK (given
+/// an lcore and mempool caches) by its first progress call, wherever the
+/// endpoint was taken; it used to stay unknown to DPDK, and every mbuf it
+/// took or gave back went through the pool's shared ring.
+#[test]
+fn a_thread_driving_an_inline_endpoint_is_registered() {
+    let eal = eal();
+    let pool = pool(&eal, "reg");
+    let (pa, pb) = memif_pair(&eal, &pool);
+    let (_ea, _eb) = {
+        let (mut ea, mut eb) = engines(&pa, &pb, &pool, ProgressMode::Inline);
+        let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+        let eal2 = eal.clone();
+        std::thread::spawn(move || {
+            let known = |eal: &dpdk_ffi::Eal| {
+                !dpdk_ffi::ThreadRegistration::register(eal)
+                    .unwrap()
+                    .is_new()
+            };
+            assert!(!known(&eal2), "a new thread is not an lcore");
+            let r = b.irecv(None, 1, u64::MAX, vec![0u8; 8]).unwrap();
+            let s = a.isend(Addr::new(2, 0), 1, vec![7u8; 8]).unwrap();
+            // One thread drives both (each acts only when driven).
+            let t = Instant::now();
+            while b.test(r).unwrap().is_none() {
+                a.progress();
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "the message never came"
+                );
+            }
+            while a.test(s).unwrap().is_none() {
+                b.progress();
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "the send never ended"
+                );
+            }
+            assert!(known(&eal2), "registered by its first progress call");
+        })
+        .join()
+        .unwrap();
+        (ea, eb)
+    };
+}
+
 #[test]
 fn memif_pair_256_mib_through_loss_and_reordering() {
     let eal = eal();
