@@ -3,7 +3,12 @@
 # reserves hugepages when it can (nothing requires them). Idempotent: silent
 # when everything is already there. Needs root for apt-get and hugepages (it
 # uses sudo when it is not root and sudo exists).
+#
+#   setup.sh          what the benchmark needs
+#   setup.sh --test   that, and cargo-nextest, the test runner
 set -euo pipefail
+TEST=0
+[ "${1:-}" = --test ] && TEST=1
 
 # Debian packages: DPDK 22.11+ and its drivers (memif, af_packet, tap, ring, ...),
 # what bindgen and the C shim need, iproute2 for the namespace tests and testbed.
@@ -28,9 +33,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
   say "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  as_root apt-get update -qq >/dev/null || { say "apt-get update failed (run as root?)"; exit 1; }
-  as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+  # (through sudo too, which would drop an exported variable)
+  apt=(env DEBIAN_FRONTEND=noninteractive apt-get)
+  # A dpkg run cut short earlier would fail every install until configured.
+  as_root env DEBIAN_FRONTEND=noninteractive dpkg --configure -a >/dev/null 2>&1 || true
+  as_root "${apt[@]}" update -qq >/dev/null || { say "apt-get update failed (run as root?)"; exit 1; }
+  as_root "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
     || { say "apt-get install ${missing[*]} failed"; exit 1; }
 fi
 
@@ -43,7 +51,7 @@ if ! command -v cargo >/dev/null; then
   say "cargo not found: install Rust (https://rustup.rs) and run this again"
   exit 1
 fi
-if ! cargo nextest --version >/dev/null 2>&1; then
+if [ "$TEST" = 1 ] && ! cargo nextest --version >/dev/null 2>&1; then
   say "installing cargo-nextest (the test runner: one process per test, as DPDK needs)"
   cargo install --locked --quiet cargo-nextest
 fi

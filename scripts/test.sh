@@ -3,6 +3,6 @@
 # then the documentation examples. Extra arguments go to nextest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 cargo nextest run --workspace --all-features "$@"
 cargo test --workspace --all-features --doc --quiet

@@ -19,7 +19,16 @@ command -v ip >/dev/null || { echo "testbed-netns: install iproute2" >&2; exit 1
 [ "$N" -ge 2 ] 2>/dev/null || { echo "testbed-netns: N must be a number >= 2" >&2; exit 1; }
 
 if [ -z "${EMXD:-}" ] || [ -z "${EMXCTL:-}" ]; then
-    cargo build --release --quiet -p emx-daemon --bin emxd --bin emxctl
+    build=(cargo build --release --quiet -p emx-daemon --bin emxd --bin emxctl)
+    if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+        # Under sudo: built as the user who ran it, with their Rust (sudo's
+        # PATH has no ~/.cargo/bin) and without leaving root-owned files in
+        # their target/.
+        sudo -u "$SUDO_USER" -H bash -lc 'cd "$1" && shift && "$@"' _ "$PWD" "${build[@]}"
+    else
+        command -v cargo >/dev/null || { echo "testbed-netns: cargo not found: install Rust, or give EMXD and EMXCTL" >&2; exit 1; }
+        "${build[@]}"
+    fi
     EMXD=target/release/emxd
     EMXCTL=target/release/emxctl
 fi

@@ -55,6 +55,19 @@ fn docker_testbed_3_nodes() {
             return;
         }
     }
+    let compose = |args: &[&str]| {
+        Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !compose(&["docker", "compose", "version"]) && !compose(&["docker-compose", "version"]) {
+        eprintln!(
+            "SKIPPED docker_testbed_3_nodes: Docker answers, but without Compose (install the \
+             docker compose plugin or docker-compose)"
+        );
+        return;
+    }
     let (ok, text) = run_script("docker/testbed.sh", &[]);
     assert!(ok, "{text}");
     assert!(text.contains("cluster check passed"), "{text}");
