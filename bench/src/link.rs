@@ -62,6 +62,16 @@ pub enum SideSpec {
     Devargs(String),
 }
 
+impl SideSpec {
+    /// The devargs the EAL must know of at start (a NIC's).
+    pub fn devargs(&self) -> Vec<&str> {
+        match self {
+            SideSpec::Memif(_) => Vec::new(),
+            SideSpec::Devargs(d) => vec![d.as_str()],
+        }
+    }
+}
+
 /// One side of a channel: a port and its queue.
 #[derive(Clone)]
 pub struct End {

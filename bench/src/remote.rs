@@ -221,7 +221,7 @@ pub fn serve(
     listen: &str,
     once: bool,
 ) -> Result<(), String> {
-    let (eal, pool) = start_eal(hugepages, mtu)?;
+    let (eal, pool) = start_eal(hugepages, mtu, &side.devargs())?;
     let link = Link::side(&eal, &pool, mtu, side, true)?;
     let listener = TcpListener::bind(listen)
         .map_err(|e| format!("cannot listen on {listen}: {e} (choose another with --listen)"))?;

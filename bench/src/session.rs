@@ -472,9 +472,18 @@ pub(crate) type EchoThread = std::thread::JoinHandle<Result<(), String>>;
 /// Starts the EAL and a mempool for frames of `mtu`: 32767 mbufs of the
 /// default size, fewer larger ones for jumbo frames (8191 at MTU 9000), so
 /// that the pool's memory stays about the same (71 MiB).
-pub(crate) fn start_eal(hugepages: HugepageMode, mtu: u16) -> Result<(Eal, Mempool), String> {
-    let eal = dpdk_ffi::Eal::builder()
-        .hugepages(hugepages)
+/// Starts the EAL for ports to be opened from `devargs` (a NIC among them is
+/// allowed on the PCI bus) and makes the pool their frames come from.
+pub(crate) fn start_eal(
+    hugepages: HugepageMode,
+    mtu: u16,
+    devargs: &[&str],
+) -> Result<(Eal, Mempool), String> {
+    let eal = devargs
+        .iter()
+        .fold(dpdk_ffi::Eal::builder().hugepages(hugepages), |b, d| {
+            b.port(d)
+        })
         .init()
         .map_err(|e| e.to_string())?;
     let room = dpdk_ffi::data_room_for_mtu(mtu);
@@ -526,7 +535,8 @@ impl Session {
         pmd: crate::link::VethPmd,
         devargs: &[String],
     ) -> Result<Session, String> {
-        let (eal, pool) = start_eal(hugepages, mtu)?;
+        let named: Vec<&str> = devargs.iter().map(String::as_str).collect();
+        let (eal, pool) = start_eal(hugepages, mtu, &named)?;
         let link = Link::open(kind, &eal, &pool, mtu, pmd, devargs)?;
         let (ping_core, echo_core) = two_cores();
         let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
@@ -554,7 +564,7 @@ impl Session {
         side: &SideSpec,
         server: &str,
     ) -> Result<Session, String> {
-        let (eal, pool) = start_eal(hugepages, mtu)?;
+        let (eal, pool) = start_eal(hugepages, mtu, &side.devargs())?;
         // The server opens its port before it listens, so that ours (a
         // memif client, say) finds it.
         let mut client = crate::remote::Client::connect(server)?;

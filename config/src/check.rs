@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use emx::io::dpdk_ffi::is_pci_address;
 use emx::proto::ConfigError as ProtoConfigError;
 use emx::proto::TimerRule;
 
@@ -418,44 +419,9 @@ fn port_problem(port: &str) -> Option<String> {
     Some(format!("bad port {port:?} ({want})"))
 }
 
-/// `[DDDD:]BB:DD.F` in hex.
-fn is_pci_address(s: &str) -> bool {
-    let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
-    let Some((rest, func)) = s.rsplit_once('.') else {
-        return false;
-    };
-    let parts: Vec<&str> = rest.split(':').collect();
-    let (domain, bus, dev) = match parts[..] {
-        [d, b, v] => (Some(d), b, v),
-        [b, v] => (None, b, v),
-        _ => return false,
-    };
-    domain.is_none_or(|d| hex(d, 4))
-        && hex(bus, 2)
-        && hex(dev, 2)
-        && func.len() == 1
-        && func.bytes().all(|b| (b'0'..=b'7').contains(&b))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pci_addresses() {
-        for ok in ["0000:03:00.0", "03:00.1", "0000:af:1f.7"] {
-            assert!(is_pci_address(ok), "{ok}");
-        }
-        for bad in [
-            "0000:03:00",
-            "03.00.0",
-            "0000:03:00.8",
-            "zz:00.0",
-            "net_tap0",
-        ] {
-            assert!(!is_pci_address(bad), "{bad}");
-        }
-    }
 
     #[test]
     fn ports() {

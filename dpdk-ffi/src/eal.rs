@@ -105,11 +105,24 @@ impl EalBuilder {
         self
     }
 
-    /// A PCI device to use (`-a <addr>[,args]`). Without any, the PCI bus is
-    /// not scanned (`--no-pci`).
+    /// A PCI device to use (`-a <addr>[,args]`). Without any (here or as an
+    /// allow or block option in [`arg`](Self::arg)), the PCI bus is not
+    /// scanned (`--no-pci`).
     pub fn pci(mut self, addr: impl Into<String>) -> Self {
         self.pci.push(addr.into());
         self
+    }
+
+    /// Whatever the EAL must know at start for a port to be opened later with
+    /// [`Port::from_devargs`](crate::Port::from_devargs)`(devargs)`: a NIC (a
+    /// PCI address, with or without arguments) must be allowed on the PCI
+    /// bus, which is otherwise not scanned; a virtual device needs nothing.
+    pub fn port(self, devargs: &str) -> Self {
+        if is_pci_address(devargs.split(',').next().unwrap_or("")) {
+            self.pci(devargs)
+        } else {
+            self
+        }
     }
 
     /// DPDK's global log level (1 emergency .. 8 debug). Default 5 (warning).
@@ -163,10 +176,33 @@ impl EalBuilder {
         }
         args.push("--no-telemetry".into());
         args.push(format!("--log-level={}", self.log_level));
-        if self.pci.is_empty() {
+        // PCI devices named in the extra arguments count as much as those
+        // given with `pci`: `--no-pci` would make the EAL skip the bus scan,
+        // and their probe fail with "no such device".
+        let pci_named = self.extra.iter().any(|a| {
+            [
+                "-a",
+                "-b",
+                "-w",
+                "--allow",
+                "--block",
+                "--pci-whitelist",
+                "--pci-blacklist",
+            ]
+            .iter()
+            .any(|o| a.starts_with(o))
+        });
+        if self.pci.is_empty() && !pci_named {
             args.push("--no-pci".into());
         }
-        args.extend(self.pci.iter().map(|p| format!("-a{p}")));
+        // (Not twice: a device the extra arguments allow already.)
+        let dev = |p: &str| p.split(',').next().unwrap_or("").to_string();
+        args.extend(
+            self.pci
+                .iter()
+                .filter(|p| !self.extra.iter().any(|a| a.contains(&dev(p))))
+                .map(|p| format!("-a{p}")),
+        );
         args.extend(self.vdevs.iter().map(|v| format!("--vdev={v}")));
         args.extend(self.extra.iter().cloned());
         Ok((args, huge))
@@ -341,5 +377,80 @@ fn allowed_cpus() -> String {
         "0".into()
     } else {
         cpus.join(",")
+    }
+}
+
+/// Whether `s` is a PCI address, `[DDDD:]BB:DD.F` in hex (no arguments).
+pub fn is_pci_address(s: &str) -> bool {
+    let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
+    let Some((rest, func)) = s.rsplit_once('.') else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    let (domain, bus, dev) = match parts[..] {
+        [d, b, v] => (Some(d), b, v),
+        [b, v] => (None, b, v),
+        _ => return false,
+    };
+    domain.is_none_or(|d| hex(d, 4))
+        && hex(bus, 2)
+        && hex(dev, 2)
+        && func.len() == 1
+        && func.bytes().all(|b| (b'0'..=b'7').contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(b: EalBuilder) -> Vec<String> {
+        b.hugepages(HugepageMode::Never).args().unwrap().0
+    }
+
+    #[test]
+    fn pci_addresses() {
+        for ok in ["0000:03:00.0", "03:00.1", "0000:af:1f.7"] {
+            assert!(is_pci_address(ok), "{ok}");
+        }
+        for bad in [
+            "0000:03:00",
+            "03.00.0",
+            "0000:03:00.8",
+            "zz:00.0",
+            "net_tap0",
+        ] {
+            assert!(!is_pci_address(bad), "{bad}");
+        }
+    }
+
+    /// A NIC is allowed on the PCI bus, which is scanned; virtual devices
+    /// leave it unscanned. `--no-pci` used to be passed whenever `pci` was
+    /// not called, even with `-a ADDR` among the extra arguments (as a
+    /// cluster file's `eal_args` give it), so no NIC could ever be opened.
+    #[test]
+    fn the_pci_bus_is_scanned_for_a_nic() {
+        let nic = args(Eal::builder().port("0000:af:00.0,rxq_cqe_comp_en=0"));
+        assert!(
+            nic.iter().any(|a| a == "-a0000:af:00.0,rxq_cqe_comp_en=0"),
+            "{nic:?}"
+        );
+        assert!(!nic.iter().any(|a| a == "--no-pci"), "{nic:?}");
+        let named = args(Eal::builder().arg("-a").arg("0000:af:00.0"));
+        assert!(!named.iter().any(|a| a == "--no-pci"), "{named:?}");
+        // Named both ways (a cluster file's eal_args and its port): once.
+        let both = args(
+            Eal::builder()
+                .port("0000:af:00.0")
+                .arg("-a")
+                .arg("0000:af:00.0"),
+        );
+        assert_eq!(
+            both.iter().filter(|a| a.contains("0000:af:00.0")).count(),
+            1,
+            "{both:?}"
+        );
+        let vdev = args(Eal::builder().port("net_memif0,role=server"));
+        assert!(vdev.iter().any(|a| a == "--no-pci"), "{vdev:?}");
+        assert!(!vdev.iter().any(|a| a.starts_with("-a")), "{vdev:?}");
     }
 }

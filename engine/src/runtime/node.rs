@@ -56,12 +56,22 @@ impl Default for EalConfig {
 impl EalConfig {
     /// Starts the EAL (once per process).
     pub fn start(&self) -> Result<Eal, Error> {
+        self.start_for(&[])
+    }
+
+    /// Starts the EAL (once per process) for ports to be opened from
+    /// `devargs`: a NIC among them is allowed on the PCI bus (see
+    /// [`EalBuilder::port`](dpdk_ffi::EalBuilder::port)).
+    pub fn start_for(&self, devargs: &[&str]) -> Result<Eal, Error> {
         let mode = match self.hugepages {
             Hugepages::Auto => HugepageMode::Auto,
             Hugepages::Require => HugepageMode::Require,
             Hugepages::Never => HugepageMode::Never,
         };
         let mut b = Eal::builder().hugepages(mode).memory_mb(self.memory_mb);
+        for d in devargs {
+            b = b.port(d);
+        }
         for a in &self.args {
             b = b.arg(a.clone());
         }
@@ -159,7 +169,7 @@ pub fn register_memory(eal: &Eal, len: usize) -> Result<dpdk_ffi::ExtMem, Error>
 /// Starts the EAL, brings up the port, waits for its link and starts the
 /// engine on it.
 pub fn start_node(cfg: &NodeConfig) -> Result<Node, Error> {
-    let eal = cfg.eal.start()?;
+    let eal = cfg.eal.start_for(&[&cfg.link.devargs])?;
     start_node_on(&eal, &cfg.link, &cfg.engine)
 }
 
