@@ -78,6 +78,11 @@ fn run_ends(iovas: &[u64], page_size: u64) -> Vec<u32> {
     ends
 }
 
+/// Whether pages `first..=last` lie in one run contiguous in IO address space.
+fn in_one_run(run_ends: &[u32], first: usize, last: usize) -> bool {
+    run_ends[first] as usize > last
+}
+
 impl ExtMem {
     /// Maps and registers `len` bytes (rounded up to whole pages), on hugepages
     /// when enough are free and on ordinary pages otherwise.
@@ -102,7 +107,10 @@ impl ExtMem {
         let len = len.div_ceil(page_size) * page_size;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
         if hugepages {
-            flags |= libc::MAP_HUGETLB;
+            // 2 MiB pages whatever the system's default size: a host booted
+            // with default_hugepagesz=1G would round the region up to 1 GiB
+            // pages, and drop's munmap of 2 MiB multiples would then fail.
+            flags |= libc::MAP_HUGETLB | (21 << libc::MAP_HUGE_SHIFT);
         }
         // SAFETY: an anonymous private mapping at an address of the kernel's
         // choosing; nothing else is affected.
@@ -146,6 +154,15 @@ impl ExtMem {
                 }
             })
             .collect();
+        // RTE_BAD_IOVA, ((rte_iova_t)-1), a cast bindgen does not carry.
+        if iovas.contains(&u64::MAX) {
+            // SAFETY: the range was mapped above and is not used elsewhere.
+            unsafe { libc::munmap(p, len) };
+            return Err(Error::ExtMem(
+                "the physical addresses of the region's pages cannot be read (not root?): DMA \
+                 needs them in IOVA-as-PA mode; run as root, or use VFIO with --iova-mode=va",
+            ));
+        }
         let mut iova_arg = iovas.clone();
         let control = crate::control::control();
         // SAFETY: base..base+len is mapped, page-aligned, a whole number of pages
@@ -248,8 +265,9 @@ impl ExtMem {
                 "allocation must be non-empty, aligned to a power of two",
             ));
         }
+        // Found and claimed under one lock: two threads cannot pick one gap.
         let offset = {
-            let lent = self.0.lent.lock().unwrap_or_else(|e| e.into_inner());
+            let mut lent = self.0.lent.lock().unwrap_or_else(|e| e.into_inner());
             let mut at = 0usize;
             let mut found = None;
             for (&start, &end) in lent.iter() {
@@ -262,13 +280,14 @@ impl ExtMem {
             match found
                 .or_else(|| (at.checked_add(len).is_some_and(|e| e <= self.0.len)).then_some(at))
             {
-                Some(o) => o,
+                Some(o) => {
+                    lent.insert(o, o + len);
+                    o
+                }
                 None => return Err(Error::ExtMem("no free range of that size in the region")),
             }
         };
-        // Another thread may take the gap between the lock above and this
-        // call; the overlap check in buffer_with then refuses it.
-        self.buffer(offset, len)
+        Ok(self.claimed(offset, len, || {}))
     }
 
     /// Bytes lent out now.
@@ -312,6 +331,16 @@ impl ExtMem {
             }
             lent.insert(offset, end);
         }
+        Ok(self.claimed(offset, len, on_release))
+    }
+
+    /// The buffer over `offset..offset + len`, a range just claimed in `lent`.
+    fn claimed(
+        &self,
+        offset: usize,
+        len: usize,
+        on_release: impl FnOnce() + Send + 'static,
+    ) -> ExtBuf {
         let state = Box::new(BufState {
             shinfo: sys::rte_mbuf_ext_shared_info {
                 free_cb: Some(release_cb),
@@ -325,7 +354,7 @@ impl ExtMem {
         let state = NonNull::from(Box::leak(state));
         // SAFETY: state was just leaked and is not shared yet.
         unsafe { (*state.as_ptr()).shinfo.fcb_opaque = state.as_ptr() as *mut libc::c_void };
-        Ok(ExtBuf { state, offset, len })
+        ExtBuf { state, offset, len }
     }
 }
 
@@ -596,10 +625,9 @@ impl ExtBuf {
         let page = at / region.page_size;
         let last_page = (at + len.max(1) - 1) / region.page_size;
         let iova = region.iovas[page] + (at % region.page_size) as u64;
-        if last_page != page
-            && region.iovas[last_page]
-                != region.iovas[page] + ((last_page - page) * region.page_size) as u64
-        {
+        // Every page of the slice in one run (not just its first and last
+        // pages in line: a page between them may lie elsewhere).
+        if !in_one_run(&region.run_ends, page, last_page) {
             return Err(Error::ExtMem(
                 "slice spans pages that are not contiguous in IO address space",
             ));
@@ -653,7 +681,20 @@ impl std::fmt::Debug for ExtBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::run_ends;
+    use super::{in_one_run, run_ends};
+
+    /// A slice is attached only when every page it spans is in one run: its
+    /// first and last pages in line with a page between them elsewhere used
+    /// to pass (the check looked at those two only).
+    #[test]
+    fn a_slice_must_lie_in_one_run() {
+        let p = 4096;
+        let ends = run_ends(&[10 * p, 50 * p, 12 * p, 13 * p], p);
+        assert!(!in_one_run(&ends, 0, 2), "page 1 is elsewhere");
+        assert!(in_one_run(&ends, 2, 3));
+        assert!(in_one_run(&ends, 1, 1));
+        assert!(!in_one_run(&ends, 1, 2));
+    }
 
     #[test]
     fn runs_end_where_io_addresses_jump() {

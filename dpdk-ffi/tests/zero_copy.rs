@@ -250,3 +250,25 @@ fn attaching_stops_short_of_the_count_limit() {
         "back to the region once all are gone"
     );
 }
+
+/// Threads allocating from one region at once never fail while space is
+/// free: the gap is found and claimed under one lock. (Two threads could
+/// pick the same gap, and the loser got "overlaps a buffer still lent out".)
+#[test]
+fn allocations_on_several_threads_at_once() {
+    let eal = eal(HugepageMode::Never);
+    let region = ExtMem::new(&eal, 1 << 20).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for i in 0..2000 {
+                    let b = region
+                        .alloc(4096, 64)
+                        .unwrap_or_else(|e| panic!("allocation {i}: {e}"));
+                    drop(b);
+                }
+            });
+        }
+    });
+    assert_eq!(region.lent_bytes(), 0);
+}
