@@ -566,6 +566,24 @@ mod tests {
         );
     }
 
+    /// Runs the ignored test `name` of this binary as a helper process, its
+    /// stdout piped.
+    fn helper(name: &str) -> std::process::Child {
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                &format!("netns::tests::{name}"),
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(HELPER_ENV, "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("re-exec the test binary")
+    }
+
     /// Helper for [`a_signal_while_pairs_are_made_leaves_nothing`], run in a
     /// child process: makes and removes pairs until signalled.
     #[test]
@@ -593,23 +611,10 @@ mod tests {
         if !nix::unistd::geteuid().is_root() {
             panic!("{NEED_ROOT}");
         }
-        let exe = std::env::current_exe().unwrap();
         for round in 0..24u64 {
             // Spread over a pair's making (each takes about 100 ms here).
             let delay_ms = 5 + round * 37 % 150;
-            let mut child = Command::new(&exe)
-                .args([
-                    "--ignored",
-                    "--exact",
-                    "netns::tests::signal_setup_helper",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(HELPER_ENV, "1")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("re-exec the test binary");
+            let mut child = helper("signal_setup_helper");
             let pid = child.id();
             let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
             while !matches!(lines.next(), Some(Ok(l)) if l.contains("EMXB-READY")) {}
@@ -663,20 +668,7 @@ mod tests {
         if !nix::unistd::geteuid().is_root() {
             panic!("{NEED_ROOT}");
         }
-        let exe = std::env::current_exe().unwrap();
-        let mut child = Command::new(exe)
-            .args([
-                "--ignored",
-                "--exact",
-                "netns::tests::signal_helper",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(HELPER_ENV, "1")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("re-exec the test binary");
+        let mut child = helper("signal_helper");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let names: Vec<String> = loop {
             match lines.next() {

@@ -43,23 +43,7 @@ fn a_driver_frees_its_frames_before_its_link() {
     let eal = Eal::builder().memory_mb(256).init().unwrap();
     let pool = Mempool::new(&eal, "rt-own", 1023, 32, DEFAULT_DATA_ROOM).unwrap();
     let pool_b = Mempool::new(&eal, "rt-own-b", 1023, 32, DEFAULT_DATA_ROOM).unwrap();
-    let sock = format!("/tmp/emx-rt-own-{}.sock", std::process::id());
-    let _ = std::fs::remove_file(&sock);
-    let cfg = PortConfig::default();
-    let pa = Port::from_devargs(
-        &eal,
-        &format!("net_memif0,role=server,socket={sock}"),
-        &cfg,
-        &pool,
-    )
-    .unwrap();
-    let pb = Port::from_devargs(
-        &eal,
-        &format!("net_memif1,role=client,socket={sock}"),
-        &cfg,
-        &pool_b,
-    )
-    .unwrap();
+    let (pa, pb, sock) = memif_ports(&eal, &PortConfig::default(), &pool, &pool_b, "own");
     pa.wait_link(Duration::from_secs(10)).unwrap();
     let clock = Clock::new();
     let io = DpdkIo::new(&pa, 0, &pool).unwrap();
@@ -104,6 +88,26 @@ fn a_port_without_chained_transmit_needs_whole_frame_buffers() {
     DpdkIo::new(&port, 0, &whole).unwrap();
 }
 
+/// A memif pair in this process on a socket of its own (`tag`): the server
+/// on `pool_a`, the client on `pool_b`; and the socket's path.
+fn memif_ports(
+    eal: &Eal,
+    cfg: &PortConfig,
+    pool_a: &Mempool,
+    pool_b: &Mempool,
+    tag: &str,
+) -> (Port, Port, String) {
+    let sock = format!("/tmp/emx-{tag}-{}.sock", std::process::id());
+    let _ = std::fs::remove_file(&sock);
+    let port = |role: &str, i: u8, pool: &Mempool| {
+        let devargs = format!("net_memif{i},role={role},socket={sock}");
+        Port::from_devargs(eal, &devargs, cfg, pool).unwrap()
+    };
+    let pa = port("server", 0, pool_a);
+    let pb = port("client", 1, pool_b);
+    (pa, pb, sock)
+}
+
 /// A data room for a 9018-byte frame and the headroom.
 const JUMBO_ROOM: u16 = 9216;
 
@@ -113,26 +117,11 @@ fn exchange(mtu: Option<u16>, room_a: u16, room_b: u16, largest: usize) {
     let eal = Eal::builder().memory_mb(512).init().unwrap();
     let pool_a = Mempool::new(&eal, "rt-a", 8191, 256, room_a).unwrap();
     let pool_b = Mempool::new(&eal, "rt-b", 8191, 256, room_b).unwrap();
-    let sock = format!("/tmp/emx-rt-{}.sock", std::process::id());
-    let _ = std::fs::remove_file(&sock);
     let cfg = PortConfig {
         mtu,
         ..PortConfig::default()
     };
-    let pa = Port::from_devargs(
-        &eal,
-        &format!("net_memif0,role=server,socket={sock}"),
-        &cfg,
-        &pool_a,
-    )
-    .unwrap();
-    let pb = Port::from_devargs(
-        &eal,
-        &format!("net_memif1,role=client,socket={sock}"),
-        &cfg,
-        &pool_b,
-    )
-    .unwrap();
+    let (pa, pb, _sock) = memif_ports(&eal, &cfg, &pool_a, &pool_b, "rt");
     let mtu = usize::from(mtu.unwrap_or(1500));
     assert_eq!(usize::from(pa.mtu()), mtu);
     pa.wait_link(Duration::from_secs(10)).unwrap();

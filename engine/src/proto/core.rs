@@ -2093,6 +2093,77 @@ mod tests {
         );
     }
 
+    /// A frame from A (addr 0, epoch 5) to B (addr 1, epoch 1): message 0,
+    /// bits 7, 1 MiB, changed by `f`.
+    fn frame_from_a(
+        cfg: &CoreConfig,
+        frame_type: FrameType,
+        seq: u32,
+        payload: &[u8],
+        f: &dyn Fn(&mut Header),
+    ) -> Vec<u8> {
+        let mut h = Header {
+            dst_mac: mac(1),
+            src_mac: mac(0),
+            frame_type,
+            cluster: cfg.cluster,
+            payload_len: payload.len() as u16,
+            src_node: addr(0).node,
+            src_ep: addr(0).endpoint,
+            dst_node: addr(1).node,
+            dst_ep: addr(1).endpoint,
+            src_epoch: 5,
+            // B's (its epoch, 1): data flows once A knows it.
+            dst_epoch: 1,
+            seq,
+            msg_id: 0,
+            match_bits: 7,
+            msg_len: 1 << 20,
+            ..Header::EMPTY
+        };
+        f(&mut h);
+        let mut buf = vec![0u8; crate::wire::FRAME_HEADER_LEN + payload.len()];
+        h.emit(&mut buf, cfg.ethertype);
+        buf[crate::wire::FRAME_HEADER_LEN..].copy_from_slice(payload);
+        buf
+    }
+
+    /// B, with checksums off, greeted by A's HELLO.
+    fn greeted_b(cfg: &CoreConfig, now: Time) -> Core<Vec<u8>, Vec<u8>> {
+        let mut b: Core<Vec<u8>, Vec<u8>> =
+            Core::new(cfg.clone(), addr(1), mac(1), 1, Time::ZERO).unwrap();
+        b.add_peer(addr(0), mac(0)).unwrap();
+        let hello = frame_from_a(cfg, FrameType::Hello, 0, &[], &|h| {
+            h.msg_len = 0;
+            h.match_bits = 0;
+            h.dst_epoch = 0;
+        });
+        assert_eq!(b.handle_frame(now, &hello), Ok(()));
+        b
+    }
+
+    /// An RTS is taken only while the frame table has room for its pulls
+    /// and NOTIFY beyond the slack: refused (unacknowledged) it comes again,
+    /// where a NOTIFY that found no frame was lost for good.
+    #[test]
+    fn an_rts_waits_for_room_in_the_frame_table() {
+        let cfg = CoreConfig {
+            checksum: ChecksumMode::Off,
+            ..CoreConfig::default()
+        };
+        let now = Time::from_micros(10);
+        let mut b = greeted_b(&cfg, now);
+        let need = cfg.pull_inflight as usize + 1 + 64;
+        let mut taken = Vec::new();
+        while b.frame_free.available() >= need {
+            taken.push(b.frame_free.alloc().unwrap());
+        }
+        let rts = frame_from_a(&cfg, FrameType::Rts, 0, &[], &|_| {});
+        assert_eq!(b.handle_frame(now, &rts), Err(DropReason::Resources));
+        b.frame_free.release(taken.pop().unwrap());
+        assert_eq!(b.handle_frame(now, &rts), Ok(()));
+    }
+
     /// PULL_DATA is taken only for what a PULL that left asked for. Data
     /// sent ahead of the pulls (by a peer that did not wait for them) used
     /// to complete blocks whose PULLs were still queued, and every completed
@@ -2104,47 +2175,11 @@ mod tests {
             checksum: ChecksumMode::Off,
             ..CoreConfig::default()
         };
-        let mut b: Core<Vec<u8>, Vec<u8>> =
-            Core::new(cfg.clone(), addr(1), mac(1), 1, Time::ZERO).unwrap();
-        b.add_peer(addr(0), mac(0)).unwrap();
-        let from_a = |frame_type, seq, payload: &[u8], f: &dyn Fn(&mut Header)| {
-            let mut h = Header {
-                dst_mac: mac(1),
-                src_mac: mac(0),
-                frame_type,
-                cluster: cfg.cluster,
-                payload_len: payload.len() as u16,
-                src_node: addr(0).node,
-                src_ep: addr(0).endpoint,
-                dst_node: addr(1).node,
-                dst_ep: addr(1).endpoint,
-                src_epoch: 5,
-                // B's (its epoch, 1): data flows once A knows it.
-                dst_epoch: 1,
-                seq,
-                msg_id: 0,
-                match_bits: 7,
-                msg_len: 1 << 20,
-                ..Header::EMPTY
-            };
-            f(&mut h);
-            let mut buf = vec![0u8; crate::wire::FRAME_HEADER_LEN + payload.len()];
-            h.emit(&mut buf, cfg.ethertype);
-            buf[crate::wire::FRAME_HEADER_LEN..].copy_from_slice(payload);
-            buf
-        };
         let now = Time::from_micros(10);
-        assert_eq!(
-            b.handle_frame(
-                now,
-                &from_a(FrameType::Hello, 0, &[], &|h| {
-                    h.msg_len = 0;
-                    h.match_bits = 0;
-                    h.dst_epoch = 0;
-                })
-            ),
-            Ok(())
-        );
+        let mut b = greeted_b(&cfg, now);
+        let from_a = |frame_type, seq, payload: &[u8], f: &dyn Fn(&mut Header)| {
+            frame_from_a(&cfg, frame_type, seq, payload, f)
+        };
         b.post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
             .unwrap();
         assert_eq!(

@@ -23,6 +23,11 @@ use super::Time;
 use super::{CoreOnly, RecvBuffer};
 use crate::wire::{DropReason, FrameType, Header};
 
+/// Frames an RTS leaves free in the table beyond its own pulls and NOTIFY:
+/// the slack the table has on top of every window and receive (see
+/// `Core::new`).
+const FRAME_RESERVE: usize = 64;
+
 impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     pub(crate) fn check_rts(&self, p: u16, h: &Header) -> Result<(), DropReason> {
         let peer = &self.peers[p as usize];
@@ -32,7 +37,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         {
             return Err(DropReason::Protocol);
         }
-        if self.msg_free.available() == 0 {
+        // Room for this message's pulls and its NOTIFY. The frame table is
+        // sized for them, but a NOTIFY outlives its receive (it waits for the
+        // peer's window): refused here, unacknowledged, the RTS comes again
+        // later, where a NOTIFY that found no frame would be lost for good.
+        if self.msg_free.available() == 0
+            || self.frame_free.available() < self.cfg.pull_inflight as usize + 1 + FRAME_RESERVE
+        {
             return Err(DropReason::Resources);
         }
         Ok(())
