@@ -12,12 +12,22 @@ use super::Error;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Request(pub(crate) u64);
 
+/// Bits of a handle's slot index: a table holds at most `max_sends +
+/// max_recvs`, 2^25 slots.
+const INDEX_BITS: u32 = 25;
+
 impl Request {
-    pub(crate) fn new(index: u32, gen: u32) -> Request {
-        Request(u64::from(gen) << 32 | u64::from(index))
+    /// Generation in the high 32 bits, then the table's tag (7 bits), then
+    /// the slot index.
+    pub(crate) fn new(tag: u32, index: u32, gen: u32) -> Request {
+        debug_assert!(index < 1 << INDEX_BITS && tag < 1 << (32 - INDEX_BITS));
+        Request(u64::from(gen) << 32 | u64::from(tag) << INDEX_BITS | u64::from(index))
     }
     pub(crate) fn index(self) -> usize {
-        (self.0 & 0xffff_ffff) as usize
+        (self.0 & ((1 << INDEX_BITS) - 1)) as usize
+    }
+    fn tag(self) -> u32 {
+        (self.0 as u32) >> INDEX_BITS
     }
     pub(crate) fn gen(self) -> u32 {
         (self.0 >> 32) as u32
@@ -119,32 +129,42 @@ struct Slot {
 pub(crate) struct Requests {
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// This table's tag, in every handle it gives.
+    tag: u32,
 }
 
-/// The next table's place among generation bases (see [`Requests::new`]).
+/// The next table's tag (see [`Requests::new`]).
 static NEXT_TABLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Requests {
     pub(crate) fn new(n: usize) -> Requests {
-        // Each table's generations start 2^24 apart from the last one's (a
-        // slot would have to be reused 16 million times to reach the next
-        // table's), so that a handle from another endpoint, or another
-        // engine, is refused as unknown rather than taken for one of this
-        // table's. Never 0.
-        let base = NEXT_TABLE
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            .wrapping_shl(24)
-            | 1;
+        assert!(n <= 1 << INDEX_BITS, "at most 2^25 requests");
+        // Each table tags its handles (128 tags, taken in turn), so that a
+        // handle from another endpoint, or another engine, is refused as
+        // unknown rather than taken for one of this table's, however often
+        // either table's slots were reused. (Generations from distinct bases
+        // did this until a slot had been reused 2^24 times, about 10 s of a
+        // ping-pong, which reuses one slot.)
+        let tag = NEXT_TABLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % (1 << (32 - INDEX_BITS));
         Requests {
             slots: (0..n)
                 .map(|_| Slot {
-                    gen: base,
+                    gen: 1,
                     state: State::Free,
                     core: None,
                 })
                 .collect(),
             free: (0..n as u32).rev().collect(),
+            tag,
         }
+    }
+
+    /// The slot `r` names, if `r` is one of this table's handles.
+    fn slot(&self, r: Request) -> Option<&Slot> {
+        (r.tag() == self.tag)
+            .then(|| self.slots.get(r.index()))
+            .flatten()
     }
 
     pub(crate) fn alloc(&mut self) -> Option<Request> {
@@ -156,7 +176,7 @@ impl Requests {
         debug_assert!(matches!(old, State::Free), "a free slot");
         std::mem::forget(old);
         s.core = None;
-        Some(Request::new(i, s.gen))
+        Some(Request::new(self.tag, i, s.gen))
     }
 
     /// Gives an allocated, never-submitted slot back.
@@ -169,6 +189,9 @@ impl Requests {
     }
 
     fn slot_mut(&mut self, r: Request) -> Option<&mut Slot> {
+        if r.tag() != self.tag {
+            return None;
+        }
         self.slots
             .get_mut(r.index())
             .filter(|s| s.gen == r.gen() && !matches!(s.state, State::Free))
@@ -181,8 +204,7 @@ impl Requests {
     }
 
     pub(crate) fn core_id(&self, r: Request) -> Option<RequestId> {
-        self.slots
-            .get(r.index())
+        self.slot(r)
             .filter(|s| s.gen == r.gen())
             .and_then(|s| s.core)
     }
@@ -207,7 +229,7 @@ impl Requests {
     }
 
     pub(crate) fn is_done(&self, r: Request) -> Result<bool, Error> {
-        match self.slots.get(r.index()) {
+        match self.slot(r) {
             Some(s) if s.gen == r.gen() => match s.state {
                 State::Free => Err(Error::UnknownRequest),
                 State::Pending => Ok(false),
@@ -250,6 +272,30 @@ impl Requests {
             .iter()
             .enumerate()
             .filter(|(_, s)| !matches!(s.state, State::Free))
-            .map(|(i, s)| Request::new(i as u32, s.gen))
+            .map(|(i, s)| Request::new(self.tag, i as u32, s.gen))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handle of one table stays unknown to another however often their
+    /// slots were reused: a ping-pong reuses one slot, and 2^24 reuses used
+    /// to carry a table's generations into the next table's.
+    #[test]
+    fn another_tables_handle_stays_unknown() {
+        let mut a = Requests::new(4);
+        let mut b = Requests::new(4);
+        let kept = b.alloc().unwrap();
+        for _ in 0..(1u32 << 24) {
+            let r = a.alloc().unwrap();
+            a.release(r);
+        }
+        let r = a.alloc().unwrap();
+        assert!(matches!(b.is_done(r), Err(Error::UnknownRequest)));
+        assert!(matches!(a.is_done(kept), Err(Error::UnknownRequest)));
+        assert!(matches!(b.is_done(kept), Ok(false)));
+        assert!(matches!(a.is_done(r), Ok(false)));
     }
 }
