@@ -341,15 +341,7 @@ pub(crate) fn hugepages_usable(memory_mb: u32) -> std::result::Result<(), &'stat
     {
         return Err("no hugetlbfs is mounted");
     }
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let field = |name: &str| -> u64 {
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    let free_kb = field("HugePages_Free:") * field("Hugepagesize:");
+    let free_kb = free_hugepage_kb(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default());
     if free_kb == 0 {
         return Err("no hugepages are reserved or free");
     }
@@ -357,6 +349,20 @@ pub(crate) fn hugepages_usable(memory_mb: u32) -> std::result::Result<(), &'stat
         return Err("fewer hugepages are free than the memory asked for");
     }
     Ok(())
+}
+
+/// Hugepage memory free for the taking, in KiB, from `/proc/meminfo`: free
+/// pages less those other mappings have reserved but not touched yet (they
+/// count as free until touched, and are not ours to take).
+fn free_hugepage_kb(meminfo: &str) -> u64 {
+    let field = |name: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    field("HugePages_Free:").saturating_sub(field("HugePages_Rsvd:")) * field("Hugepagesize:")
 }
 
 /// The CPUs this process may run on, as an EAL cpuset list ("0,1,3").
@@ -405,6 +411,19 @@ mod tests {
 
     fn args(b: EalBuilder) -> Vec<String> {
         b.hugepages(HugepageMode::Never).args().unwrap().0
+    }
+
+    /// Pages reserved by other mappings are not free for us.
+    #[test]
+    fn reserved_hugepages_are_not_free() {
+        let info = "HugePages_Total:     512\nHugePages_Free:      256\nHugePages_Rsvd:      \
+                    200\nHugepagesize:       2048 kB\n";
+        assert_eq!(free_hugepage_kb(info), 56 * 2048);
+        assert_eq!(
+            free_hugepage_kb("HugePages_Free: 3\nHugepagesize: 2048 kB\n"),
+            3 * 2048
+        );
+        assert_eq!(free_hugepage_kb(""), 0);
     }
 
     #[test]
