@@ -57,6 +57,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# What a run killed outright (SIGKILL, a test runner's timeout) left: its
+# namespaces (their veths go with them) and bridge, named after its pid,
+# removed once that pid is gone. A live run's are left alone.
+stale_pid() { [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] && ! kill -0 "${BASH_REMATCH[1]}" 2>/dev/null; }
+for ns in $(ip netns list | awk '{print $1}'); do
+    if stale_pid "$ns"; then ip netns del "$ns" 2>/dev/null || true; fi
+done
+for br in $(ip -o link show type bridge | awk -F': ' '{print $2}' | cut -d@ -f1); do
+    if stale_pid "$br"; then ip link del "$br" 2>/dev/null || true; fi
+done
+
 # shellcheck source=scripts/cluster-check.sh
 . scripts/cluster-check.sh
 cluster_file 9 "net_af_packet0,iface=eth0,qpairs=1" text > "$WORK/cluster.toml"
