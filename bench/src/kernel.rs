@@ -828,7 +828,7 @@ fn run_streams(
         if let Some(e) = first_err {
             return Err(e);
         }
-        if total.bytes == 0 {
+        if span.is_none() {
             return Err(format!("{proto:?} stream: the receiver got nothing"));
         }
         total.seconds = span.map_or(0.0, |(f, l)| (l - f) as f64 / 1e9);
