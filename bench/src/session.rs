@@ -934,7 +934,13 @@ impl Session {
         // Both directions: everything received, over the span of both (the
         // longer span when the two sides have different clocks).
         let (f, l) = (self.ns(mine.1), self.ns(mine.2));
-        let secs = if self.same_clock() {
+        // A side that got nothing has no span (its times read 0, which no
+        // TSC reading is): the other's alone.
+        let secs = if mine.2 == 0 {
+            theirs.secs
+        } else if c.arrived == 0 {
+            (l - f) / 1e9
+        } else if self.same_clock() {
             (l.max(c.last_ns) - f.min(c.first_ns)) / 1e9
         } else {
             ((l - f) / 1e9).max(theirs.secs)
