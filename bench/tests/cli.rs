@@ -213,11 +213,17 @@ fn a_transport_named_twice_runs_once() {
         "--sizes",
         "8",
         "--transports",
-        "emx,raw,emx",
+        "emx,raw,emx-thread,emx",
     ]);
     let rows = check_rows(&r, "latency");
     let emx = rows.iter().filter(|r| r["transport"] == "emx").count();
     assert_eq!(emx, 1, "{rows:?}");
+    assert_eq!(rows.len(), 3, "raw, emx, emx-thread: {rows:?}");
+    // Measured once a round (one round here), not once per mention.
+    for r in &rows {
+        let n = r["latency"]["rounds_p50_ns"].as_array().map(Vec::len);
+        assert_eq!(n, Some(1), "{r}");
+    }
 }
 
 #[test]

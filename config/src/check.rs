@@ -188,7 +188,7 @@ impl ClusterConfig {
                 "memory.memory_mb",
                 format!(
                     "{} MiB cannot hold node {:?}'s mbuf pool, about {mib} MiB at {} (give \
-                     memory_mb at least {})",
+                     memory_mb more: {} leaves room for the rest)",
                     self.memory().memory_mb,
                     n.name,
                     n.mtu

@@ -180,7 +180,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("endpoints-inline.toml", 10, "node[0].endpoints", "2 endpoints need a polling thread (give cores = [N])"),
     ("ethertype-vlan.toml", 4, "cluster.ethertype", "0x8100 is an 802.1Q VLAN tag's EtherType"),
     ("ethertype-low.toml", 4, "cluster.ethertype", "0x0500 is below 0x0600, where values are frame lengths, not EtherTypes (want 0x0600..=0xffff"),
-    ("memory-for-pool.toml", 6, "memory.memory_mb", "128 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000 (give memory_mb at least 210)"),
+    ("memory-for-pool.toml", 6, "memory.memory_mb", "128 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000 (give memory_mb more: 210 leaves room for the rest)"),
     ("missing-port.toml", 11, "node[1].port", "missing (this key is required)"),
     ("mtu-mismatch.toml", 16, "node[1].mtu", "mtu 1500 differs from node[0] \"n1\" at line 5 (mtu 9000): frames longer than a peer's MTU are dropped there (give every node the same mtu)"),
     ("name-slash.toml", 7, "node[0].name", "bad node name \"rack1/n1\" (want 1 to 64 letters, digits, '.', '_' or '-', not starting with '.')"),

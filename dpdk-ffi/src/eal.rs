@@ -195,16 +195,26 @@ impl EalBuilder {
         if self.pci.is_empty() && !pci_named {
             args.push("--no-pci".into());
         }
-        // (Not twice: a device the extra arguments allow already.)
-        let dev = |p: &str| p.split(',').next().unwrap_or("").to_string();
-        args.extend(
-            self.pci
-                .iter()
-                .filter(|p| !self.extra.iter().any(|a| a.contains(&dev(p))))
-                .map(|p| format!("-a{p}")),
-        );
+        args.extend(self.pci.iter().map(|p| format!("-a{p}")));
         args.extend(self.vdevs.iter().map(|v| format!("--vdev={v}")));
-        args.extend(self.extra.iter().cloned());
+        // A device allowed both ways (a cluster file's eal_args and its port)
+        // is allowed once, with the port's arguments.
+        let dev = |p: &str| p.split(',').next().unwrap_or("").to_string();
+        let ours: Vec<String> = self.pci.iter().map(|p| dev(p)).collect();
+        let mut extra = self.extra.iter().peekable();
+        while let Some(a) = extra.next() {
+            let value = match a.as_str() {
+                "-a" | "--allow" => extra.peek().map(|v| v.as_str()),
+                _ => a.strip_prefix("--allow=").or_else(|| a.strip_prefix("-a")),
+            };
+            if value.is_some_and(|v| ours.contains(&dev(v))) {
+                if a == "-a" || a == "--allow" {
+                    extra.next();
+                }
+                continue;
+            }
+            args.push(a.clone());
+        }
         Ok((args, huge))
     }
 
@@ -456,18 +466,17 @@ mod tests {
         assert!(!nic.iter().any(|a| a == "--no-pci"), "{nic:?}");
         let named = args(Eal::builder().arg("-a").arg("0000:af:00.0"));
         assert!(!named.iter().any(|a| a == "--no-pci"), "{named:?}");
-        // Named both ways (a cluster file's eal_args and its port): once.
+        // Named both ways (a cluster file's eal_args and its port): once,
+        // with the port's arguments.
         let both = args(
             Eal::builder()
-                .port("0000:af:00.0")
+                .port("0000:af:00.0,x=1")
                 .arg("-a")
-                .arg("0000:af:00.0"),
+                .arg("0000:af:00.0")
+                .arg("--allow=0000:af:00.0"),
         );
-        assert_eq!(
-            both.iter().filter(|a| a.contains("0000:af:00.0")).count(),
-            1,
-            "{both:?}"
-        );
+        let named: Vec<&String> = both.iter().filter(|a| a.contains("0000:af:00.0")).collect();
+        assert_eq!(named, ["-a0000:af:00.0,x=1"], "{both:?}");
         let vdev = args(Eal::builder().port("net_memif0,role=server"));
         assert!(vdev.iter().any(|a| a == "--no-pci"), "{vdev:?}");
         assert!(!vdev.iter().any(|a| a.starts_with("-a")), "{vdev:?}");

@@ -143,14 +143,17 @@ impl Requests {
         // handle from another endpoint, or another engine, is refused as
         // unknown rather than taken for one of this table's, however often
         // either table's slots were reused. (Generations from distinct bases
-        // did this until a slot had been reused 2^24 times, about 10 s of a
-        // ping-pong, which reuses one slot.)
-        let tag = NEXT_TABLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            % (1 << (32 - INDEX_BITS));
+        // alone did this until a slot had been reused 2^24 times, about 10 s
+        // of a ping-pong, which reuses one slot.)
+        // Tables 128 apart share a tag: their generations start 2^24 apart
+        // too, so that aliasing needs both to line up.
+        let table = NEXT_TABLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = table % (1 << (32 - INDEX_BITS));
+        let base = (table >> (32 - INDEX_BITS)).wrapping_shl(24) | 1;
         Requests {
             slots: (0..n)
                 .map(|_| Slot {
-                    gen: 1,
+                    gen: base,
                     state: State::Free,
                     core: None,
                 })
