@@ -671,13 +671,6 @@ fn send_udp(sock: &UdpSocket, buf: &[u8]) -> Result<(), String> {
 /// the run's start, one arrival per datagram or TCP read.
 type Received = crate::session::Tally;
 
-/// Messages one receiver got: after its clock started, and in all.
-#[derive(Clone, Copy, Debug, Default)]
-struct Units {
-    measured: u64,
-    all: u64,
-}
-
 /// Shared flags of one streaming run.
 struct StreamCtl {
     /// Set once every sender is connected: start sending.
@@ -726,7 +719,6 @@ fn run_streams(
                 let r = stream_receiver(
                     pair,
                     proto,
-                    msg,
                     to,
                     core(to),
                     d,
@@ -810,11 +802,17 @@ fn run_streams(
                 .join()
                 .unwrap_or_else(|_| Err("stream receiver panicked".to_string()))
             {
-                Ok((r, msgs)) => {
+                Ok(r) => {
                     let (m, first, last) = r.measured();
+                    // Messages measured and in all: a datagram each, or whole
+                    // messages of the TCP byte stream.
+                    let (measured, all) = match proto {
+                        Proto::Udp => (m.msgs, r.arrived),
+                        Proto::Tcp => (m.bytes / msg as u64, r.arrived_bytes / msg as u64),
+                    };
                     total.bytes += m.bytes;
-                    total.msgs += msgs.measured;
-                    total.received += msgs.all;
+                    total.msgs += measured;
+                    total.received += all;
                     if r.arrived > 0 {
                         span =
                             Some(span.map_or((first, last), |(f, l)| (f.min(first), l.max(last))));
@@ -843,7 +841,6 @@ fn run_streams(
 fn stream_receiver(
     pair: &VethPair,
     proto: Proto,
-    msg: usize,
     side: usize,
     core: Option<CoreId>,
     dir: usize,
@@ -851,7 +848,7 @@ fn stream_receiver(
     port_tx: &mpsc::Sender<Result<u16, String>>,
     duration: Duration,
     (base, warmup): (Instant, Duration),
-) -> Result<(Received, Units), String> {
+) -> Result<Received, String> {
     pair.enter(side)?;
     if let Some(c) = core {
         core_affinity::set_for_current(c);
@@ -864,7 +861,7 @@ fn stream_receiver(
         let now = base.elapsed().as_nanos() as u64;
         r.note(now, 1, n as u64, warmup);
     };
-    let units = match proto {
+    match proto {
         Proto::Tcp => {
             let listener =
                 TcpListener::bind((pair.ip[side], 0)).map_err(|e| format!("TCP bind: {e}"))?;
@@ -872,9 +869,7 @@ fn stream_receiver(
             let _ = port_tx.send(Ok(port));
             let mut conn = match accept_one(&listener, &ctl.abort) {
                 Ok(c) => c,
-                Err(_) if ctl.abort.load(Ordering::Acquire) => {
-                    return Ok((Received::default(), Units::default()))
-                }
+                Err(_) if ctl.abort.load(Ordering::Acquire) => return Ok(Received::default()),
                 Err(e) => return Err(e),
             };
             drop(listener);
@@ -895,11 +890,6 @@ fn stream_receiver(
                     }
                     Err(e) => return Err(format!("TCP stream read: {e}")),
                 }
-            }
-            // Whole messages of the byte stream.
-            Units {
-                measured: r.measured().0.bytes / msg as u64,
-                all: r.arrived_bytes / msg as u64,
             }
         }
         Proto::Udp => {
@@ -928,13 +918,9 @@ fn stream_receiver(
                     Err(e) => return Err(format!("UDP stream recv: {e}")),
                 }
             }
-            Units {
-                measured: r.measured().0.msgs,
-                all: r.arrived,
-            }
         }
-    };
-    Ok((r, units))
+    }
+    Ok(r)
 }
 
 /// Sending end of stream direction `dir`: enters namespace `side`, connects,

@@ -566,6 +566,14 @@ mod tests {
         );
     }
 
+    /// A helper process's line to the test that runs it, straight to fd 1:
+    /// the test harness captures `println!` even for a child.
+    fn tell_parent(line: &str) {
+        let mut out = std::io::stdout();
+        std::io::Write::write_all(&mut out, format!("{line}\n").as_bytes()).unwrap();
+        std::io::Write::flush(&mut out).unwrap();
+    }
+
     /// Runs the ignored test `name` of this binary as a helper process, its
     /// stdout piped.
     fn helper(name: &str) -> std::process::Child {
@@ -593,9 +601,7 @@ mod tests {
             return;
         }
         cleanup_on_signal();
-        let mut out = std::io::stdout();
-        std::io::Write::write_all(&mut out, b"EMXB-READY\n").unwrap();
-        std::io::Write::flush(&mut out).unwrap();
+        tell_parent("EMXB-READY");
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(60) {
             drop(VethPair::create(1500));
@@ -651,14 +657,7 @@ mod tests {
         }
         cleanup_on_signal();
         let pair = VethPair::create(1500).expect("create veth pair");
-        // Straight to fd 1: the test harness captures `println!` even for a child.
-        let mut out = std::io::stdout();
-        std::io::Write::write_all(
-            &mut out,
-            format!("EMXB-NS {} {}\n", pair.ns[0], pair.ns[1]).as_bytes(),
-        )
-        .unwrap();
-        std::io::Write::flush(&mut out).unwrap();
+        tell_parent(&format!("EMXB-NS {} {}", pair.ns[0], pair.ns[1]));
         std::thread::sleep(Duration::from_secs(60));
         drop(pair);
     }

@@ -145,6 +145,12 @@ pub(crate) enum Cmd {
     },
 }
 
+/// `us` microseconds in TSC ticks, at `hz` ticks a second: the pinger's
+/// and the echo's warm-up alike.
+fn ticks(us: u64, hz: f64) -> u64 {
+    (us as f64 * hz / 1e6) as u64
+}
+
 /// What a stream's receiver counts. A rate over n arrivals spans n - 1
 /// gaps, so the arrival that starts the clock is timed, not counted. The
 /// clock starts at the first arrival once the warm-up is over (`warmup`
@@ -343,6 +349,11 @@ pub struct Pace {
 }
 
 impl Pace {
+    /// The warm-up in microseconds, as the sink commands carry it.
+    fn warmup_us(&self) -> u64 {
+        self.warmup.as_micros() as u64
+    }
+
     fn enough(&self, start: Instant, iters: u64) -> bool {
         // At least a few iterations even when one takes longer than `time`.
         (start.elapsed() >= self.time && iters >= 3) || self.max_iters.is_some_and(|m| iters >= m)
@@ -952,11 +963,6 @@ impl Session {
         })
     }
 
-    /// The warm-up in TSC ticks.
-    fn warmup_ticks(&self, pace: &Pace) -> u64 {
-        (pace.warmup.as_secs_f64() * self.hz) as u64
-    }
-
     /// Returns what this side received (bibw) and its first and last TSC.
     fn raw_stream(
         &mut self,
@@ -967,9 +973,9 @@ impl Session {
         let len = size.clamp(1, self.raw_per());
         self.command(Cmd::RawSink {
             back: bidir.then_some(len),
-            warmup_us: pace.warmup.as_micros() as u64,
+            warmup_us: pace.warmup_us(),
         })?;
-        let warm = self.warmup_ticks(&pace);
+        let warm = ticks(pace.warmup_us(), self.hz);
         let mut got = Tally::default();
         let mut burst: Burst = Burst::new();
         let mut inb: Burst = Burst::new();
@@ -1030,9 +1036,9 @@ impl Session {
             depth: window,
             back: bidir,
             sends,
-            warmup_us: pace.warmup.as_micros() as u64,
+            warmup_us: pace.warmup_us(),
         })?;
-        let warm = self.warmup_ticks(&pace);
+        let warm = ticks(pace.warmup_us(), self.hz);
         let control = &mut self.control;
         let s = self.chans.side(ep);
         s.stream_buffers(size, window, true, bidir, sends)?;
@@ -1287,7 +1293,7 @@ impl Echo {
                 tally = Tally::default();
                 warm = match cmd {
                     Cmd::RawSink { warmup_us, .. } | Cmd::EmxSink { warmup_us, .. } => {
-                        (warmup_us as f64 * self.hz / 1e6) as u64
+                        ticks(warmup_us, self.hz)
                     }
                     _ => 0,
                 };

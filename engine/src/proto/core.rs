@@ -2035,10 +2035,7 @@ mod tests {
     /// the peer's own frames were then dropped and the session died.
     #[test]
     fn a_refused_frame_teaches_no_address() {
-        let cfg = CoreConfig {
-            checksum: ChecksumMode::Off,
-            ..CoreConfig::default()
-        };
+        let cfg = unchecked();
         let mut sim: Sim<Vec<u8>, Vec<u8>> = Sim::new(LinkConfig::default());
         let mut a = Core::new(cfg.clone(), addr(0), mac(0), 1, Time::ZERO).unwrap();
         a.add_peer(addr(1), MacAddr::BROADCAST).unwrap();
@@ -2066,21 +2063,13 @@ mod tests {
                 .map(|(_, _, m)| m)
         };
         assert_eq!(peer_mac(&mut sim), Some(mac(1)), "learnt from its frames");
-        let forged = Header {
-            dst_mac: mac(0),
-            src_mac: MacAddr([2, 0, 0, 0, 0, 99]),
-            frame_type: FrameType::Ack,
-            cluster: cfg.cluster,
-            src_node: addr(1).node,
-            src_ep: addr(1).endpoint,
-            dst_node: addr(0).node,
-            dst_ep: addr(0).endpoint,
-            src_epoch: 2,
-            dst_epoch: 12345,
-            ..Header::EMPTY
-        };
-        let mut buf = vec![0u8; crate::wire::FRAME_HEADER_LEN];
-        forged.emit(&mut buf, cfg.ethertype);
+        let buf = hand_frame(&cfg, 1, FrameType::Ack, 0, &[], &|h| {
+            h.src_mac = MacAddr([2, 0, 0, 0, 0, 99]);
+            h.src_epoch = 2;
+            h.dst_epoch = 12345;
+            h.msg_len = 0;
+            h.match_bits = 0;
+        });
         let now = sim.now();
         assert_eq!(
             sim.core(0).handle_frame(now, &buf),
@@ -2093,25 +2082,35 @@ mod tests {
         );
     }
 
-    /// A frame from A (addr 0, epoch 5) to B (addr 1, epoch 1): message 0,
-    /// bits 7, 1 MiB, changed by `f`.
-    fn frame_from_a(
+    /// The default configuration without checksums, for frames built by hand.
+    fn unchecked() -> CoreConfig {
+        CoreConfig {
+            checksum: ChecksumMode::Off,
+            ..CoreConfig::default()
+        }
+    }
+
+    /// A frame from core `from` (0 or 1) to the other, built by hand: epoch 5
+    /// to epoch 1, message 0, bits 7, 1 MiB, changed by `f`.
+    fn hand_frame(
         cfg: &CoreConfig,
+        from: u8,
         frame_type: FrameType,
         seq: u32,
         payload: &[u8],
         f: &dyn Fn(&mut Header),
     ) -> Vec<u8> {
+        let (a, b) = (u16::from(from), 1 - u16::from(from));
         let mut h = Header {
-            dst_mac: mac(1),
-            src_mac: mac(0),
+            dst_mac: mac(1 - from),
+            src_mac: mac(from),
             frame_type,
             cluster: cfg.cluster,
             payload_len: payload.len() as u16,
-            src_node: addr(0).node,
-            src_ep: addr(0).endpoint,
-            dst_node: addr(1).node,
-            dst_ep: addr(1).endpoint,
+            src_node: addr(a).node,
+            src_ep: addr(a).endpoint,
+            dst_node: addr(b).node,
+            dst_ep: addr(b).endpoint,
             src_epoch: 5,
             // B's (its epoch, 1): data flows once A knows it.
             dst_epoch: 1,
@@ -2133,7 +2132,7 @@ mod tests {
         let mut b: Core<Vec<u8>, Vec<u8>> =
             Core::new(cfg.clone(), addr(1), mac(1), 1, Time::ZERO).unwrap();
         b.add_peer(addr(0), mac(0)).unwrap();
-        let hello = frame_from_a(cfg, FrameType::Hello, 0, &[], &|h| {
+        let hello = hand_frame(cfg, 0, FrameType::Hello, 0, &[], &|h| {
             h.msg_len = 0;
             h.match_bits = 0;
             h.dst_epoch = 0;
@@ -2147,10 +2146,7 @@ mod tests {
     /// where a NOTIFY that found no frame was lost for good.
     #[test]
     fn an_rts_waits_for_room_in_the_frame_table() {
-        let cfg = CoreConfig {
-            checksum: ChecksumMode::Off,
-            ..CoreConfig::default()
-        };
+        let cfg = unchecked();
         let now = Time::from_micros(10);
         let mut b = greeted_b(&cfg, now);
         let need = cfg.pull_inflight as usize + 1 + 64;
@@ -2158,7 +2154,7 @@ mod tests {
         while b.frame_free.available() >= need {
             taken.push(b.frame_free.alloc().unwrap());
         }
-        let rts = frame_from_a(&cfg, FrameType::Rts, 0, &[], &|_| {});
+        let rts = hand_frame(&cfg, 0, FrameType::Rts, 0, &[], &|_| {});
         assert_eq!(b.handle_frame(now, &rts), Err(DropReason::Resources));
         b.frame_free.release(taken.pop().unwrap());
         assert_eq!(b.handle_frame(now, &rts), Ok(()));
@@ -2171,14 +2167,11 @@ mod tests {
     /// peers share.
     #[test]
     fn pull_data_ahead_of_the_pulls_is_refused() {
-        let cfg = CoreConfig {
-            checksum: ChecksumMode::Off,
-            ..CoreConfig::default()
-        };
+        let cfg = unchecked();
         let now = Time::from_micros(10);
         let mut b = greeted_b(&cfg, now);
         let from_a = |frame_type, seq, payload: &[u8], f: &dyn Fn(&mut Header)| {
-            frame_from_a(&cfg, frame_type, seq, payload, f)
+            hand_frame(&cfg, 0, frame_type, seq, payload, f)
         };
         b.post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
             .unwrap();
