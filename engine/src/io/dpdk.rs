@@ -61,9 +61,8 @@ impl DpdkIo {
         if !port.multi_seg_tx() && pool.data_room() < whole {
             return Err(IoError::Setup(format!(
                 "port {} ({})'s driver cannot transmit chained mbufs, and pool {}'s {}-byte \
-                 buffers \
-                 hold less than a frame at MTU {}: give the pool a data room of at least {whole} \
-                 bytes (dpdk_ffi::data_room_for_mtu), or the port a smaller MTU",
+                 buffers hold less than a frame at MTU {}: give the pool a data room of at least \
+                 {whole} bytes (dpdk_ffi::data_room_for_mtu), or the port a smaller MTU",
                 port.id(),
                 port.name(),
                 pool.name(),
