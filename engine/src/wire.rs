@@ -15,7 +15,7 @@
 //!  0 u8  version            1 u8  frame type        2 u8  flags        3 u8 reserved (0)
 //!  4 u16 cluster id         6 u16 payload length
 //!  8 u16 src node          10 u8  src endpoint     11 u8  dst endpoint
-//! 12 u16 dst node          14 u16 reserved (0)
+//! 12 u16 dst node          14 u16 fragment unit (EAGER, RTS, PULL_DATA; else 0)
 //! 16 u32 src epoch (sender's session epoch)
 //! 20 u32 dst epoch (the epoch the sender believes the receiver has; 0 = unknown)
 //! 24 u32 sequence number (reliable frames only)
@@ -29,6 +29,16 @@
 //! 72 u32 checksum (ones' complement sum of 32-bit words; see the flags)
 //! 76 payload (payload length bytes, EAGER, PULL_DATA and PACK only), then Ethernet padding
 //! ```
+//!
+//! # Fragments
+//!
+//! A sender cuts a message into fragments of its frame payload, its *fragment unit*,
+//! which every EAGER, RTS and PULL_DATA frame names: fragment `k` covers bytes
+//! `[k * unit, (k + 1) * unit)`, the last one up to the message's end (for rendezvous
+//! data, the end of what the receiver pulls, whose blocks are whole units). The
+//! receiver keeps which fragments arrived by index, so a fragment that repeats bytes is
+//! refused however it came, and the MTUs of two peers may differ. The unit is at least
+//! [`MIN_FRAG_UNIT`].
 //!
 //! The header is fixed-size so that a frame's payload always starts at the same offset
 //! and a polling core can attach a payload buffer behind it without computing anything.
@@ -59,8 +69,10 @@ pub const EMX_HEADER_LEN: usize = 76;
 pub const FRAME_HEADER_LEN: usize = ETH_HEADER_LEN + EMX_HEADER_LEN;
 /// The emx EtherType by default (IEEE 802 local experimental EtherType 1).
 pub const DEFAULT_ETHERTYPE: u16 = 0x88B5;
-/// The only header version this crate speaks.
-pub const VERSION: u8 = 1;
+/// The only header version this crate speaks (2: frames name their fragment unit).
+pub const VERSION: u8 = 2;
+/// The smallest fragment unit a frame may name: the payload of the smallest MTU taken.
+pub const MIN_FRAG_UNIT: u16 = 64;
 /// Largest message length the header may announce (1 TiB); anything larger is a lie.
 pub const MAX_MSG_LEN: u64 = 1 << 40;
 
@@ -83,7 +95,7 @@ mod field {
     pub const SRC_EP: usize = B + 10;
     pub const DST_EP: usize = B + 11;
     pub const DST_NODE: Range<usize> = B + 12..B + 14;
-    pub const RESERVED1: Range<usize> = B + 14..B + 16;
+    pub const FRAG_UNIT: Range<usize> = B + 14..B + 16;
     pub const SRC_EPOCH: Range<usize> = B + 16..B + 20;
     pub const DST_EPOCH: Range<usize> = B + 20..B + 24;
     pub const SEQ: Range<usize> = B + 24..B + 28;
@@ -618,6 +630,8 @@ pub struct Header {
     pub msg_len: u64,
     /// Fragment offset (PULL: block offset).
     pub frag_offset: u64,
+    /// EAGER, RTS, PULL_DATA: the sender's fragment unit (see [Fragments](self#fragments)).
+    pub frag_unit: u16,
 }
 
 impl Header {
@@ -659,6 +673,7 @@ impl Header {
         match_bits: 0,
         msg_len: 0,
         frag_offset: 0,
+        frag_unit: 0,
     };
 
     /// [`parse`](Self::parse) into `h`, field by field. On the receive path
@@ -685,7 +700,6 @@ impl Header {
         let fl = frame.flags();
         if fl & !flags::ALL != 0
             || b[field::RESERVED0] != 0
-            || be16(b, field::RESERVED1) != 0
             || (fl & flags::CSUM_PAYLOAD != 0 && fl & flags::CSUM_HEADER == 0)
         {
             return Err(DropReason::Malformed);
@@ -717,6 +731,7 @@ impl Header {
         h.match_bits = be64(b, field::MATCH_BITS);
         h.msg_len = be64(b, field::MSG_LEN);
         h.frag_offset = be64(b, field::FRAG_OFFSET);
+        h.frag_unit = be16(b, field::FRAG_UNIT);
         h.validate(ft)?;
         if ft == FrameType::Pack {
             Packed::new(frame.payload(), h.msg_len)?;
@@ -739,6 +754,11 @@ impl Header {
             // Data may only flow once the sender knows which incarnation it talks to.
             return Err(DropReason::Malformed);
         }
+        if self.frag_unit != 0
+            && !matches!(ft, FrameType::Eager | FrameType::PullData | FrameType::Rts)
+        {
+            return Err(DropReason::Malformed);
+        }
         match ft {
             FrameType::Eager | FrameType::PullData => {
                 if self.msg_len > MAX_MSG_LEN {
@@ -755,10 +775,27 @@ impl Header {
                 if self.payload_len == 0 && (self.msg_len != 0 || ft == FrameType::PullData) {
                     return Err(DropReason::BadLength);
                 }
+                // One whole fragment of the sender's unit: eager fragments are
+                // whole up to the message's end, on the unit's grid; rendezvous
+                // data is whole up to the end of what the receiver pulled, and
+                // the receiver, which knows where its pulls start, checks the
+                // rest (without a division per frame).
+                let unit = u64::from(self.frag_unit);
+                let eager = ft == FrameType::Eager;
+                if self.frag_unit < MIN_FRAG_UNIT
+                    || u64::from(self.payload_len) > unit
+                    || (eager && end != self.msg_len && u64::from(self.payload_len) != unit)
+                    || (eager && self.frag_offset != 0 && self.frag_offset % unit != 0)
+                {
+                    return Err(DropReason::BadLength);
+                }
             }
             FrameType::Rts => {
                 if self.msg_len > MAX_MSG_LEN || self.frag_offset != 0 {
                     return Err(DropReason::BadLength);
+                }
+                if self.frag_unit < MIN_FRAG_UNIT {
+                    return Err(DropReason::Malformed);
                 }
             }
             FrameType::Pull => {
@@ -815,7 +852,7 @@ impl Header {
         b[field::SRC_EP] = self.src_ep;
         b[field::DST_EP] = self.dst_ep;
         b[field::DST_NODE].copy_from_slice(&self.dst_node.to_be_bytes());
-        b[field::RESERVED1].fill(0);
+        b[field::FRAG_UNIT].copy_from_slice(&self.frag_unit.to_be_bytes());
         b[field::SRC_EPOCH].copy_from_slice(&self.src_epoch.to_be_bytes());
         b[field::DST_EPOCH].copy_from_slice(&self.dst_epoch.to_be_bytes());
         b[field::SEQ].copy_from_slice(&self.seq.to_be_bytes());
@@ -855,8 +892,9 @@ mod tests {
             credit: 65536,
             msg_id: 3,
             match_bits: 0xdead_beef_0000_0001,
-            msg_len: 10,
-            frag_offset: 5,
+            msg_len: 133,
+            frag_offset: 128,
+            frag_unit: 64,
         }
     }
 
@@ -949,6 +987,7 @@ mod tests {
             frame_type: FrameType::Pack,
             match_bits: 0,
             frag_offset: 0,
+            frag_unit: 0,
             msg_len: count,
             payload_len: payload.len() as u16,
             ..sample()
@@ -1009,10 +1048,63 @@ mod tests {
         );
     }
 
+    /// Fragments are whole units of the sender's fragment size (the last
+    /// one up to the end), named by every frame that carries one.
+    #[test]
+    fn fragments_are_whole_units() {
+        let check = |f: &dyn Fn(&mut Header), payload: &[u8]| {
+            let mut h = sample();
+            h.payload_len = payload.len() as u16;
+            f(&mut h);
+            let v = build(&h, payload);
+            Header::parse(
+                &Frame::new_checked(&v[..]).unwrap(),
+                DEFAULT_ETHERTYPE,
+                true,
+            )
+            .map(|_| ())
+        };
+        let mid = |h: &mut Header| h.frag_offset = 64;
+        assert_eq!(check(&mid, &[1; 64]), Ok(()));
+        // Short before the end, off the grid, more than a unit, no unit.
+        assert_eq!(check(&mid, &[1; 63]), Err(DropReason::BadLength));
+        let off = |h: &mut Header| h.frag_offset = 65;
+        assert_eq!(check(&off, &[1; 64]), Err(DropReason::BadLength));
+        let long = |h: &mut Header| h.frag_offset = 0;
+        assert_eq!(check(&long, &[1; 65]), Err(DropReason::BadLength));
+        let small = |h: &mut Header| {
+            h.frag_unit = MIN_FRAG_UNIT - 1;
+            h.frag_offset = 0;
+        };
+        assert_eq!(check(&small, &[1; 5]), Err(DropReason::BadLength));
+        // Rendezvous data may end short where the receiver's pull ended.
+        let data = |h: &mut Header| {
+            h.frame_type = FrameType::PullData;
+            h.frag_offset = 64;
+        };
+        assert_eq!(check(&data, &[1; 10]), Ok(()));
+        // An RTS names its unit; a control frame has none.
+        let rts = |unit| {
+            move |h: &mut Header| {
+                h.frame_type = FrameType::Rts;
+                h.frag_offset = 0;
+                h.frag_unit = unit;
+            }
+        };
+        assert_eq!(check(&rts(64), &[]), Ok(()));
+        assert_eq!(check(&rts(0), &[]), Err(DropReason::Malformed));
+        let ack = |h: &mut Header| {
+            h.frame_type = FrameType::Ack;
+            h.frag_offset = 0;
+            h.msg_len = 0;
+        };
+        assert_eq!(check(&ack, &[]), Err(DropReason::Malformed));
+    }
+
     #[test]
     fn lying_lengths() {
         let mut h = sample();
-        h.frag_offset = 8; // 8 + 5 > 10
+        h.frag_offset = 192; // 192 + 5 > 133
         let v = build(&h, b"hello");
         let f = Frame::new_checked(&v[..]).unwrap();
         assert_eq!(

@@ -85,6 +85,8 @@ fn bad_frames_are_counted_and_change_nothing() {
     lie(D::BadLength, &|h| h.frag_offset = h.msg_len);
     lie(D::BadLength, &|h| h.msg_len = MAX_MSG_LEN + 1);
     lie(D::BadLength, &|h| h.frag_offset = u64::MAX - 3);
+    lie(D::BadLength, &|h| h.frag_unit -= 1); // not a whole fragment of its unit
+    lie(D::BadLength, &|h| h.frag_offset = 1000); // not on its unit's grid
     lie(D::WrongCluster, &|h| h.cluster = 77);
     lie(D::StaleEpoch, &|h| h.dst_epoch = 3);
     lie(D::StaleEpoch, &|h| h.src_epoch = 4);
@@ -100,6 +102,7 @@ fn bad_frames_are_counted_and_change_nothing() {
     });
     lie(D::Protocol, &|h| {
         h.frame_type = FrameType::Notify;
+        h.frag_unit = 0;
         h.payload_len = 0;
         h.msg_len = 0;
         h.frag_offset = 0;

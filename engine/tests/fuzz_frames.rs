@@ -56,7 +56,10 @@ fn header() -> impl Strategy<Value = Header> {
         0u64..4,
         prop_oneof![0u64..70_000, any::<u64>()],
         prop_oneof![0u64..70_000, any::<u64>()],
-        0u16..1500,
+        (
+            0u16..1500,
+            prop_oneof![Just(0u16), Just(64), Just(1000), Just(1424), any::<u16>()],
+        ),
     )
         .prop_map(
             |(
@@ -71,7 +74,7 @@ fn header() -> impl Strategy<Value = Header> {
                 bits,
                 msg_len,
                 off,
-                plen,
+                (plen, unit),
             )| Header {
                 dst_mac: mac(1),
                 src_mac: mac(0),
@@ -93,6 +96,7 @@ fn header() -> impl Strategy<Value = Header> {
                 match_bits: bits,
                 msg_len,
                 frag_offset: off,
+                frag_unit: unit,
             },
         )
 }
@@ -119,6 +123,7 @@ fn pack(h: &Header, records: &[(u64, usize)]) -> Vec<u8> {
     h.flags |= flags::CSUM_HEADER | flags::CSUM_PAYLOAD;
     h.match_bits = 0;
     h.frag_offset = 0;
+    h.frag_unit = 0;
     h.msg_len = records.len() as u64;
     h.payload_len = payload.len() as u16;
     build(&h, &payload)

@@ -17,11 +17,11 @@ fn effective_pull_block_is_whole_frames() {
         ..CoreConfig::default()
     };
     assert_eq!(jumbo.effective_pull_block(), 7 * 8924);
-    // A bound that is whole frames already stays; one below a frame is used as it is.
+    // A bound that is whole frames already stays; one below a frame is raised to one.
     for (block, want) in [
         (3 * 1424, 3 * 1424),
         (1424, 1424),
-        (1000, 1000),
+        (1000, 1424),
         (2847, 1424),
     ] {
         let c = CoreConfig {
@@ -76,6 +76,35 @@ fn no_block_ends_in_a_short_frame() {
                 len.div_ceil(fp) as u64,
                 "mtu {mtu}, {pull_inflight} pulls in flight, {len} bytes"
             );
+        }
+    }
+}
+
+/// Peers whose MTUs differ: each cuts its messages at its own frame payload,
+/// which its frames name, and a receiver pulls whole units of its sender's,
+/// so both directions work, through loss and reordering, eager and
+/// rendezvous.
+#[test]
+fn peers_with_different_mtus() {
+    let small = CoreConfig::default();
+    let big = CoreConfig {
+        mtu: 9000,
+        ..CoreConfig::default()
+    };
+    let link = LinkConfig {
+        loss: 0.05,
+        reorder: 0.05,
+        seed: 11,
+        ..LinkConfig::default()
+    };
+    let mut sim: TestSim = emx::sim::Sim::new(link);
+    sim.add_core(make_core(&small, 0, 2, 1, Time::ZERO));
+    sim.add_core(make_core(&big, 1, 2, 1, Time::ZERO));
+    let mut tag = 1;
+    for (a, b) in [(0, 1), (1, 0)] {
+        for len in [20_000, 1 << 20, 3 << 20 | 77] {
+            transfer(&mut sim, a, b, len, tag);
+            tag += 1;
         }
     }
 }

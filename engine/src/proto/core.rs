@@ -40,6 +40,7 @@
 //! receive always has room in the store, unexpected bytes never exceed the store, and a
 //! sender that ran out waits (counted as a credit stall) instead of being dropped.
 
+use super::frags::Frags;
 use super::matching::{eager_charge, matches, rts_charge, Store, MSG_OVERHEAD};
 use super::peer::Peer;
 use super::slab::{id_map, FreeList, IdMap, Links, List, MinTree, NIL};
@@ -212,6 +213,10 @@ pub(crate) struct PullState {
     /// data beyond it was never asked for.
     pub(crate) sent_mark: u64,
     pub(crate) received: u64,
+    /// The sender's fragment unit (from its RTS): pulls are whole units.
+    pub(crate) unit: u32,
+    /// Which fragments arrived: one that comes again is refused.
+    pub(crate) frags: Frags<4>,
     pub(crate) blocks: [Block; 8],
     pub(crate) nblocks: u8,
 }
@@ -250,6 +255,11 @@ pub(crate) struct InMsg {
     pub(crate) match_bits: u64,
     pub(crate) len: u64,
     pub(crate) received: u64,
+    /// The sender's fragment unit (0 for a message that came whole in a PACK).
+    pub(crate) unit: u16,
+    /// Which fragments of an eager message arrived: one that comes again is
+    /// refused.
+    pub(crate) frags: Frags<1>,
     pub(crate) state: MsgState,
     pub(crate) recv: u32,
     pub(crate) store: u32,
@@ -330,8 +340,6 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     pub(crate) epoch: u32,
     pub(crate) peer_credit: u64,
     pub(crate) max_payload: usize,
-    /// [`CoreConfig::effective_pull_block`], computed once.
-    pub(crate) pull_block: u32,
 
     pub(crate) peers: Vec<Peer>,
     pub(crate) peer_map: IdMap<u32, u16>,
@@ -473,6 +481,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             match_bits: 0,
             len: 0,
             received: 0,
+            unit: 0,
+            frags: Frags::default(),
             state: MsgState::Waiting,
             recv: NIL,
             store: NIL,
@@ -482,7 +492,6 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         Ok(Core {
             peer_credit: cfg.peer_credit(),
             max_payload: cfg.frame_payload(),
-            pull_block: cfg.effective_pull_block(),
             local,
             mac,
             epoch,
@@ -1645,6 +1654,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             match_bits: 0,
             msg_len: 0,
             frag_offset: 0,
+            frag_unit: 0,
         }
     }
 
@@ -1892,6 +1902,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 h.match_bits = s.match_bits;
                 h.msg_len = s.len;
                 h.frag_offset = f.offset;
+                h.frag_unit = self.max_payload as u16;
                 h.payload_len = f.len as u16;
                 let len = f.len as usize;
                 if f.kind != FrameType::Rts {
@@ -2091,7 +2102,8 @@ mod tests {
     }
 
     /// A frame from core `from` (0 or 1) to the other, built by hand: epoch 5
-    /// to epoch 1, message 0, bits 7, 1 MiB, changed by `f`.
+    /// to epoch 1, message 0, bits 7, 1 MiB, in fragments of 1000 bytes,
+    /// changed by `f`.
     fn hand_frame(
         cfg: &CoreConfig,
         from: u8,
@@ -2118,6 +2130,10 @@ mod tests {
             msg_id: 0,
             match_bits: 7,
             msg_len: 1 << 20,
+            frag_unit: match frame_type {
+                FrameType::Eager | FrameType::Rts | FrameType::PullData => 1000,
+                _ => 0,
+            },
             ..Header::EMPTY
         };
         f(&mut h);
@@ -2195,6 +2211,95 @@ mod tests {
             b.handle_frame(now, &from_a(FrameType::PullData, 1, &data, &at(0))),
             Ok(())
         );
+    }
+
+    /// A fragment that repeats bytes of its message that arrived already (a
+    /// new sequence number, an old offset) is refused. Counted in bytes
+    /// alone, it completed the message with a hole that kept what the receive
+    /// buffer held before, or, for a message in the unexpected store, what an
+    /// earlier message there (another peer's) left.
+    #[test]
+    fn an_eager_fragment_that_overlaps_its_message_is_refused() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        for posted_first in [true, false] {
+            let mut b = greeted_b(&cfg, now);
+            // Fragment `k` of a 3000-byte message, every byte k + 1.
+            let frag = |seq: u32, k: u64| {
+                let at = move |h: &mut Header| {
+                    h.msg_len = 3000;
+                    h.frag_offset = k * 1000;
+                };
+                hand_frame(&cfg, 0, FrameType::Eager, seq, &[k as u8 + 1; 1000], &at)
+            };
+            let post = |b: &mut Core<Vec<u8>, Vec<u8>>| {
+                b.post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 3000], 0)
+                    .unwrap();
+            };
+            if posted_first {
+                post(&mut b);
+            }
+            assert_eq!(b.handle_frame(now, &frag(0, 0)), Ok(()));
+            assert_eq!(
+                b.handle_frame(now, &frag(1, 0)),
+                Err(DropReason::Protocol),
+                "posted first: {posted_first}"
+            );
+            assert_eq!(b.handle_frame(now, &frag(2, 2)), Ok(()));
+            if !posted_first {
+                post(&mut b);
+            }
+            assert!(b.poll_completion().is_none(), "a message with a hole");
+            assert_eq!(b.handle_frame(now, &frag(1, 1)), Ok(()));
+            let Some(Completion::Recv(d)) = b.poll_completion() else {
+                panic!("the message is whole");
+            };
+            assert_eq!(d.result.map(|i| i.copied), Ok(3000));
+            assert!(d
+                .buf
+                .chunks(1000)
+                .zip(1u8..)
+                .all(|(c, v)| c.iter().all(|&x| x == v)));
+        }
+    }
+
+    /// Rendezvous data that repeats bytes that arrived already is refused:
+    /// each block counts its bytes to know when it is done.
+    #[test]
+    fn pull_data_that_overlaps_is_refused() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        let mut b = greeted_b(&cfg, now);
+        b.post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
+            .unwrap();
+        let rts = hand_frame(&cfg, 0, FrameType::Rts, 0, &[], &|_| {});
+        assert_eq!(b.handle_frame(now, &rts), Ok(()));
+        let mut buf = vec![0u8; 9216];
+        while b.poll_transmit(now, &mut buf).is_some() {}
+        let data = |seq: u32, off: u64, len: usize| {
+            let at = move |h: &mut Header| h.frag_offset = off;
+            hand_frame(&cfg, 0, FrameType::PullData, seq, &vec![1; len], &at)
+        };
+        assert_eq!(b.handle_frame(now, &data(1, 0, 1000)), Ok(()));
+        assert_eq!(
+            b.handle_frame(now, &data(2, 0, 1000)),
+            Err(DropReason::Protocol)
+        );
+        // Off the sender's grid, or short before the end.
+        assert_eq!(
+            b.handle_frame(now, &data(2, 500, 1000)),
+            Err(DropReason::Protocol)
+        );
+        assert_eq!(
+            b.handle_frame(now, &data(2, 2000, 500)),
+            Err(DropReason::Protocol)
+        );
+        assert_eq!(b.handle_frame(now, &data(2, 3000, 1000)), Ok(()));
+        assert_eq!(
+            b.handle_frame(now, &data(3, 3000, 1000)),
+            Err(DropReason::Protocol)
+        );
+        assert_eq!(b.handle_frame(now, &data(3, 1000, 1000)), Ok(()));
     }
 
     /// A request slot used more than 2^31 times still answers to its

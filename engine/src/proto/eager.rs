@@ -1,6 +1,8 @@
 //! Eager protocol: messages up to the eager threshold travel at once, fragmented at the
 //! frame payload size, each fragment carrying the whole envelope (message id, match
-//! bits, length, offset) so that fragments can be placed in any arrival order.
+//! bits, length, offset) so that fragments can be placed in any arrival order. A
+//! fragment that overlaps bytes of its message that arrived already is refused
+//! ([`Frags`](super::frags::Frags)).
 //!
 //! On arrival a fragment goes straight into the bound receive's buffer, or into the
 //! unexpected store while its message waits for a receive or for earlier messages of the
@@ -28,7 +30,7 @@ pub(crate) trait Envelope: Copy {
     fn match_bits(&self) -> u64;
     fn msg_len(&self) -> u64;
     fn frag_offset(&self) -> u64;
-    fn payload_len(&self) -> u64;
+    fn frag_unit(&self) -> u16;
 }
 
 impl Envelope for &Header {
@@ -49,8 +51,8 @@ impl Envelope for &Header {
         self.frag_offset
     }
     #[inline]
-    fn payload_len(&self) -> u64 {
-        u64::from(self.payload_len)
+    fn frag_unit(&self) -> u16 {
+        self.frag_unit
     }
 }
 
@@ -91,9 +93,10 @@ impl Envelope for PackedRecord {
     fn frag_offset(&self) -> u64 {
         0
     }
+    /// Whole: no unit.
     #[inline]
-    fn payload_len(&self) -> u64 {
-        self.len
+    fn frag_unit(&self) -> u16 {
+        0
     }
 }
 
@@ -112,11 +115,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             if msg.rndv
                 || msg.len != h.msg_len()
                 || msg.match_bits != h.match_bits()
-                || msg.received + h.payload_len() > msg.len
+                || msg.unit != h.frag_unit()
             {
                 return Err(DropReason::Protocol);
             }
-            return Ok(());
+            // (The header's checks made it a whole fragment within the message.)
+            return msg.frags.check(h.frag_offset(), u32::from(msg.unit));
         }
         let peer = &self.peers[p as usize];
         if (h.msg_id().wrapping_sub(peer.next_match) as i32) < 0 {
@@ -228,7 +232,15 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // A late fragment of an aborted receive (check_eager let nothing else by).
             return;
         }
-        let Some(m) = self.new_msg(p, h.msg_id(), false, h.match_bits(), h.msg_len()) else {
+        let new = self.new_msg(
+            p,
+            h.msg_id(),
+            false,
+            h.match_bits(),
+            h.msg_len(),
+            h.frag_unit(),
+        );
+        let Some(m) = new else {
             // Cannot happen: check_eager saw room and credits bound the store.
             debug_assert!(false, "unexpected store exhausted despite credits");
             return;
@@ -251,6 +263,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     fn deliver_eager(&mut self, m: u32, offset: u64, data: &[u8]) {
         let msg = &mut self.msgs[m as usize];
         msg.received += data.len() as u64;
+        msg.frags.add(offset, u32::from(msg.unit));
         if msg.state == MsgState::Bound {
             let msg = *msg;
             let r = msg.recv;

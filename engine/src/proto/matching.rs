@@ -128,6 +128,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         rndv: bool,
         match_bits: u64,
         len: u64,
+        unit: u16,
     ) -> Option<u32> {
         let charge = if rndv {
             rts_charge()
@@ -146,6 +147,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             match_bits,
             len,
             received: 0,
+            unit,
+            frags: Default::default(),
             state: MsgState::Waiting,
             recv: NIL,
             store,

@@ -56,6 +56,7 @@
 
 pub mod core;
 mod eager;
+mod frags;
 pub mod matching;
 pub mod peer;
 pub mod reliability;
@@ -314,7 +315,7 @@ pub struct CoreConfig {
     /// Most bytes one rendezvous pull asks for. The receiver rounds it down to a whole
     /// number of frame payloads ([`effective_pull_block`](Self::effective_pull_block)),
     /// so that a block does not end in a short frame; a bound below one frame payload is
-    /// used as it is.
+    /// raised to one (the sender's fragments are whole frames).
     pub pull_block: u32,
     /// Pulls one rendezvous receive keeps in flight (1..=8).
     pub pull_inflight: u8,
@@ -390,18 +391,16 @@ impl CoreConfig {
         self.mtu.saturating_sub(crate::wire::EMX_HEADER_LEN)
     }
 
-    /// Bytes one rendezvous pull asks for: `pull_block` rounded down to a whole number of
-    /// frame payloads, or `pull_block` itself when it is smaller than one (64 KiB at
-    /// MTU 1500 gives 46 frames of 1424 bytes, 65504 bytes, where 64 KiB would end every
-    /// block in a 32-byte frame). Only the last block of a message may be shorter.
+    /// Bytes one rendezvous pull asks of a sender with this MTU: `pull_block` rounded
+    /// down to a whole number of frame payloads, and at least one (64 KiB at MTU 1500
+    /// gives 46 frames of 1424 bytes, 65504 bytes, where 64 KiB would end every block in a
+    /// 32-byte frame). Only the last block of a message may be shorter. (A receiver
+    /// rounds to the fragment unit its sender names in the RTS, which is the sender's
+    /// frame payload.)
     #[inline]
     pub fn effective_pull_block(&self) -> u32 {
         let frame = self.frame_payload().min(u32::MAX as usize) as u32;
-        if frame == 0 || self.pull_block < frame {
-            self.pull_block
-        } else {
-            self.pull_block - self.pull_block % frame
-        }
+        rendezvous::whole_units(self.pull_block, frame)
     }
 
     /// Credit bytes each peer may have charged against the unexpected store.

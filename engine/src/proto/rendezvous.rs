@@ -51,7 +51,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
 
     pub(crate) fn on_rts(&mut self, now: Time, p: u16, h: &Header) {
         if self
-            .new_msg(p, h.msg_id, true, h.match_bits, h.msg_len)
+            .new_msg(p, h.msg_id, true, h.match_bits, h.msg_len, h.frag_unit)
             .is_none()
         {
             debug_assert!(false, "envelope table exhausted despite check");
@@ -68,6 +68,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let slot = &mut self.recvs[r as usize];
         slot.pull = Default::default();
         slot.pull.wanted = msg.len.min(slot.buf_len);
+        slot.pull.unit = u32::from(msg.unit);
         if slot.pull.wanted == 0 {
             self.queue_notify(msg.peer, msg.msg_id);
             let info = self.recv_info(&msg, r);
@@ -83,7 +84,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let max_blocks = self.cfg.pull_inflight;
         // Whole frames per block: a block cut at the configured size would end in a short
         // frame, one more frame (and header) per block for a few bytes.
-        let block = self.pull_block as u64;
+        let block = u64::from(whole_units(
+            self.cfg.pull_block,
+            self.recvs[r as usize].pull.unit,
+        ));
         let mut issued = false;
         loop {
             let pull = &mut self.recvs[r as usize].pull;
@@ -177,7 +181,16 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         if end > pull.sent_mark || pull.received + h.payload_len as u64 > pull.wanted {
             return Err(DropReason::Protocol);
         }
-        Ok(())
+        // A whole fragment of the sender's unit (but the last), on its grid,
+        // and not one that came already: each block counts its bytes to know
+        // when it is done.
+        let unit = u64::from(pull.unit);
+        if u32::from(h.frag_unit) != pull.unit
+            || u64::from(h.payload_len) != unit.min(pull.wanted - h.frag_offset)
+        {
+            return Err(DropReason::Protocol);
+        }
+        pull.frags.check(h.frag_offset, pull.unit)
     }
 
     pub(crate) fn on_pull_data(&mut self, p: u16, h: &Header, data: &[u8]) {
@@ -198,6 +211,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         let pull = &mut slot.pull;
         pull.received += data.len() as u64;
+        pull.frags.add(off, pull.unit);
         let end = off + data.len() as u64;
         let mut k = 0;
         while k < pull.nblocks as usize {
@@ -314,5 +328,19 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             len: len as u32,
         };
         Some(i)
+    }
+}
+
+/// `pull_block` rounded down to whole fragments of `unit` bytes, and at least
+/// one: the sender cuts its data at its unit, and the receiver refuses a
+/// fragment that is not whole (but the last).
+#[inline]
+pub(crate) fn whole_units(pull_block: u32, unit: u32) -> u32 {
+    if unit == 0 {
+        pull_block
+    } else if pull_block < unit {
+        unit
+    } else {
+        pull_block - pull_block % unit
     }
 }

@@ -1,0 +1,221 @@
+//! Which fragments of a message arrived.
+//!
+//! A sender sends each byte of a message once: a retransmission keeps its
+//! sequence number, and the reliability layer drops it as a duplicate before a
+//! protocol looks at it. A fragment that repeats bytes that arrived already
+//! therefore comes from a broken or hostile peer. Counted in bytes alone, two
+//! fragments at one offset would complete the message with a hole that holds
+//! whatever its buffer held before (for a message in the unexpected store,
+//! another peer's earlier bytes, which an echo would send back).
+//!
+//! Fragments are whole units of the sender's fragment size, which every frame
+//! names and the wire checks ([`crate::wire`], "Fragments"), so a fragment is an
+//! index. [`Frags`] keeps the index below which every fragment arrived and a
+//! bitmap of the `64 * W` fragments after it, and refuses an index it holds
+//! already. A legitimate sender's fragments of one message leave in index
+//! order, so while fragment `k` is missing, those that arrive lie within one
+//! window of frames after it: at most 256
+//! ([`MAX_WINDOW`](super::reliability::MAX_WINDOW)), which `W = 4` covers. One
+//! further ahead is refused as a lack of resources, not acknowledged, and sent
+//! again later.
+
+use crate::wire::DropReason;
+
+/// The fragments of one message that arrived: see the [module](self). `W`
+/// words of bitmap track `64 * W` fragments past the first gap. Fragments
+/// are named by their offsets, and `unit` is the message's fragment unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Frags<const W: usize> {
+    /// Where the first fragment that did not arrive starts: all before it
+    /// did.
+    next: u64,
+    /// Bit `j` (of word `j / 64`): the fragment `j` units past `next`
+    /// arrived. Bit 0 is clear.
+    bits: [u64; W],
+}
+
+impl<const W: usize> Default for Frags<W> {
+    fn default() -> Self {
+        Frags {
+            next: 0,
+            bits: [0; W],
+        }
+    }
+}
+
+impl<const W: usize> Frags<W> {
+    /// Whether the fragment at `off` is new ([`DropReason::Protocol`] if it
+    /// arrived already, or does not start on a unit) and can be noted
+    /// ([`DropReason::Resources`] if it lies more than `64 * W` units past
+    /// the first missing one). Changes nothing. In order, nothing is divided.
+    #[inline]
+    pub(crate) fn check(&self, off: u64, unit: u32) -> Result<(), DropReason> {
+        if off == self.next {
+            return Ok(());
+        }
+        if off < self.next || unit == 0 {
+            return Err(DropReason::Protocol);
+        }
+        let d = off - self.next;
+        let unit = u64::from(unit);
+        if d % unit != 0 {
+            return Err(DropReason::Protocol);
+        }
+        let j = d / unit;
+        if j >= 64 * W as u64 {
+            return Err(DropReason::Resources);
+        }
+        if self.bits[j as usize / 64] & (1 << (j % 64)) != 0 {
+            return Err(DropReason::Protocol);
+        }
+        Ok(())
+    }
+
+    /// Notes the fragment at `off`, which [`check`](Self::check) took. (After
+    /// a message's last fragment, shorter than a unit, the mark lies past the
+    /// message's end: nothing more is due. A message that came whole has unit
+    /// 0, and its one fragment moves the mark past it too.)
+    #[inline]
+    pub(crate) fn add(&mut self, off: u64, unit: u32) {
+        debug_assert_eq!(self.check(off, unit), Ok(()));
+        let unit = u64::from(unit.max(1));
+        if off == self.next && self.bits == [0; W] {
+            self.next += unit;
+            return;
+        }
+        let j = ((off - self.next) / unit) as usize;
+        self.bits[j / 64] |= 1 << (j % 64);
+        // Move past the run that now starts at `next`.
+        let mut run = 0;
+        for w in self.bits {
+            let ones = w.trailing_ones() as usize;
+            run += ones;
+            if ones < 64 {
+                break;
+            }
+        }
+        if run > 0 {
+            self.shift(run);
+            self.next += run as u64 * unit;
+        }
+    }
+
+    /// Shifts the bitmap down by `n` bits (at most `64 * W`).
+    fn shift(&mut self, n: usize) {
+        let (words, bits) = (n / 64, n % 64);
+        for i in 0..W {
+            let lo = self.bits.get(i + words).copied().unwrap_or(0);
+            let hi = self.bits.get(i + words + 1).copied().unwrap_or(0);
+            self.bits[i] = if bits == 0 {
+                lo
+            } else {
+                (lo >> bits) | (hi << (64 - bits))
+            };
+        }
+    }
+
+    /// Where the first fragment that did not arrive starts.
+    #[cfg(test)]
+    pub(crate) fn done(&self) -> u64 {
+        self.next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Fragment `k` of unit 10.
+    fn take<const W: usize>(f: &mut Frags<W>, k: u64) -> Result<(), DropReason> {
+        f.check(k * 10, 10)?;
+        f.add(k * 10, 10);
+        Ok(())
+    }
+
+    fn check<const W: usize>(f: &Frags<W>, k: u64) -> Result<(), DropReason> {
+        f.check(k * 10, 10)
+    }
+
+    #[test]
+    fn in_order_fragments_move_the_mark() {
+        let mut f = Frags::<4>::default();
+        for k in 0..1000 {
+            assert_eq!(take(&mut f, k), Ok(()));
+        }
+        assert_eq!(f.done(), 10_000);
+        assert_eq!(f.bits, [0; 4]);
+    }
+
+    #[test]
+    fn repeats_are_refused() {
+        let mut f = Frags::<1>::default();
+        assert_eq!(take(&mut f, 0), Ok(()));
+        assert_eq!(take(&mut f, 3), Ok(()));
+        assert_eq!(check(&f, 0), Err(DropReason::Protocol));
+        assert_eq!(check(&f, 3), Err(DropReason::Protocol));
+        assert_eq!(take(&mut f, 2), Ok(()));
+        assert_eq!(take(&mut f, 1), Ok(()));
+        assert_eq!((f.done(), f.bits), (40, [0]));
+        assert_eq!(check(&f, 2), Err(DropReason::Protocol));
+    }
+
+    #[test]
+    fn off_the_grid_is_refused() {
+        let mut f = Frags::<1>::default();
+        assert_eq!(take(&mut f, 0), Ok(()));
+        assert_eq!(f.check(15, 10), Err(DropReason::Protocol));
+        assert_eq!(f.check(5, 10), Err(DropReason::Protocol));
+        assert_eq!(f.check(20, 0), Err(DropReason::Protocol));
+    }
+
+    #[test]
+    fn too_far_ahead_waits_and_the_mark_always_moves() {
+        let mut f = Frags::<2>::default();
+        assert_eq!(check(&f, 128), Err(DropReason::Resources));
+        assert_eq!(take(&mut f, 127), Ok(()));
+        for k in 1..127 {
+            assert_eq!(take(&mut f, k), Ok(()));
+        }
+        assert_eq!(check(&f, 128), Err(DropReason::Resources));
+        assert_eq!(take(&mut f, 0), Ok(()));
+        assert_eq!((f.done(), f.bits), (1280, [0, 0]));
+        assert_eq!(take(&mut f, 128), Ok(()));
+    }
+
+    proptest! {
+        /// Fragments delivered in a random order with random repeats, then
+        /// the missing ones in order (a sender resending): every repeat is
+        /// refused, every fragment is taken once.
+        #[test]
+        fn any_order_takes_each_fragment_once(
+            n in 1usize..600,
+            order in proptest::collection::vec(any::<prop::sample::Index>(), 0..1500),
+        ) {
+            let mut f = Frags::<4>::default();
+            let mut got = vec![false; n];
+            let mut try_one = |k: usize, f: &mut Frags<4>| {
+                match take(f, k as u64) {
+                    Ok(()) => {
+                        prop_assert!(!got[k], "a repeat was taken");
+                        got[k] = true;
+                    }
+                    Err(DropReason::Protocol) => prop_assert!(got[k], "a new fragment was refused"),
+                    Err(DropReason::Resources) => prop_assert!(!got[k]),
+                    Err(e) => prop_assert!(false, "{e:?}"),
+                }
+                Ok(())
+            };
+            for ix in &order {
+                try_one(ix.index(n), &mut f)?;
+            }
+            for k in 0..n {
+                if check(&f, k as u64) != Err(DropReason::Protocol) {
+                    try_one(k, &mut f)?;
+                }
+            }
+            prop_assert_eq!(f.done(), n as u64 * 10);
+            prop_assert_eq!(f.bits, [0; 4]);
+        }
+    }
+}
