@@ -795,7 +795,7 @@ impl Header {
                     return Err(DropReason::BadLength);
                 }
                 if self.frag_unit < MIN_FRAG_UNIT {
-                    return Err(DropReason::Malformed);
+                    return Err(DropReason::BadLength);
                 }
             }
             FrameType::Pull => {
@@ -1092,7 +1092,7 @@ mod tests {
             }
         };
         assert_eq!(check(&rts(64), &[]), Ok(()));
-        assert_eq!(check(&rts(0), &[]), Err(DropReason::Malformed));
+        assert_eq!(check(&rts(0), &[]), Err(DropReason::BadLength));
         let ack = |h: &mut Header| {
             h.frame_type = FrameType::Ack;
             h.frag_offset = 0;

@@ -2263,6 +2263,27 @@ mod tests {
         }
     }
 
+    /// The first fragment to arrive of an eager message, beyond what the
+    /// message's record of fragments holds, is refused for now (it comes
+    /// again). It was taken, and noting it indexed past the record: a panic
+    /// any peer could cause with one frame.
+    #[test]
+    fn an_eager_message_that_starts_far_ahead_waits() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        let mut b = greeted_b(&cfg, now);
+        let frag = |k: u64| {
+            let at = move |h: &mut Header| {
+                h.msg_len = 8192;
+                h.frag_unit = 64;
+                h.frag_offset = k * 64;
+            };
+            hand_frame(&cfg, 0, FrameType::Eager, 0, &[k as u8; 64], &at)
+        };
+        assert_eq!(b.handle_frame(now, &frag(64)), Err(DropReason::Resources));
+        assert_eq!(b.handle_frame(now, &frag(63)), Ok(()));
+    }
+
     /// Rendezvous data that repeats bytes that arrived already is refused:
     /// each block counts its bytes to know when it is done.
     #[test]

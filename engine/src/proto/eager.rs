@@ -15,6 +15,7 @@
 
 use super::core::Lend;
 use super::core::{msg_key, Core, MsgState, RecvState};
+use super::frags::Frags;
 use super::matching::eager_charge;
 use super::slab::NIL;
 use super::RecvBuffer;
@@ -136,6 +137,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // The sender overran its credits.
             return Err(DropReason::Protocol);
         }
+        // The first fragment to arrive starts the message's record of them: it
+        // must lie within it (one further on comes again later).
+        Frags::<1>::default().check(h.frag_offset(), u32::from(h.frag_unit()))?;
         if self.msg_free.available() == 0 {
             // Not acknowledged: the sender will try again.
             return Err(DropReason::Resources);

@@ -15,9 +15,12 @@
 //! already. A legitimate sender's fragments of one message leave in index
 //! order, so while fragment `k` is missing, those that arrive lie within one
 //! window of frames after it: at most 256
-//! ([`MAX_WINDOW`](super::reliability::MAX_WINDOW)), which `W = 4` covers. One
-//! further ahead is refused as a lack of resources, not acknowledged, and sent
-//! again later.
+//! ([`MAX_WINDOW`](super::reliability::MAX_WINDOW)), which `W = 4` covers
+//! (rendezvous data). An eager message keeps `W = 1`, 64 fragments: as many as
+//! the default window lets arrive past a gap, and as many as one of 32 KiB
+//! (the default threshold) has at an MTU of 600 or above. One further ahead
+//! (with a larger window), the first fragment of a message included, is
+//! refused as a lack of resources, not acknowledged, and sent again later.
 
 use crate::wire::DropReason;
 
@@ -46,8 +49,8 @@ impl<const W: usize> Default for Frags<W> {
 impl<const W: usize> Frags<W> {
     /// Whether the fragment at `off` is new ([`DropReason::Protocol`] if it
     /// arrived already, or does not start on a unit) and can be noted
-    /// ([`DropReason::Resources`] if it lies more than `64 * W` units past
-    /// the first missing one). Changes nothing. In order, nothing is divided.
+    /// ([`DropReason::Resources`] if it lies `64 * W` units or more past the
+    /// first missing one). Changes nothing. In order, nothing is divided.
     #[inline]
     pub(crate) fn check(&self, off: u64, unit: u32) -> Result<(), DropReason> {
         if off == self.next {

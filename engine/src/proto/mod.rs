@@ -47,7 +47,8 @@
 //!   it changed, and the next [`Core::poll_timeout`] recomputes only those, so a poll
 //!   costs O(1) with nothing changed, however many peers there are.
 //! - **Eager** up to `eager_threshold`, **rendezvous** above it: RTS, then
-//!   receiver-paced pulls of `pull_block` bytes (rounded down to whole frames),
+//!   receiver-paced pulls of `pull_block` bytes (rounded down to whole frames of
+//!   the sender's),
 //!   `pull_inflight` at a time, answered by zero-copy data frames, then NOTIFY.
 //!   The receiver copies each data frame into its buffer; while large receives of
 //!   `stream_min` bytes or more are posted, with [`RecvBuffer::write_streaming`]
@@ -313,7 +314,8 @@ pub struct CoreConfig {
     /// touched only as unexpected messages fill it.
     pub unexpected_bytes: u64,
     /// Most bytes one rendezvous pull asks for. The receiver rounds it down to a whole
-    /// number of frame payloads ([`effective_pull_block`](Self::effective_pull_block)),
+    /// number of the sender's frame payloads (its fragment unit, which its RTS names;
+    /// [`effective_pull_block`](Self::effective_pull_block) for a sender of this MTU),
     /// so that a block does not end in a short frame; a bound below one frame payload is
     /// raised to one (the sender's fragments are whole frames).
     pub pull_block: u32,

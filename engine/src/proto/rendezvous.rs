@@ -1,10 +1,12 @@
 //! Rendezvous protocol: above the eager threshold the sender announces the message with
 //! an RTS (match bits, length) and keeps its buffer. The receiver matches the RTS like
 //! any message; once bound it pulls the data in blocks of `pull_block` bytes rounded down
-//! to whole frame payloads ([`CoreConfig::effective_pull_block`]), at most
-//! `pull_inflight` outstanding, so the receiver paces the transfer (Open-MX style). The
-//! sender answers pulls with PULL_DATA frames whose payload is a [`PayloadRef`] into the
-//! send buffer (zero copy), and the receiver places them at their offsets in any order.
+//! to whole fragment units of the sender (its frame payload, named in the RTS; see
+//! [`CoreConfig::effective_pull_block`] for equal MTUs), at most `pull_inflight`
+//! outstanding, so the receiver paces the transfer (Open-MX style). The sender answers
+//! pulls with PULL_DATA frames, one unit each, whose payload is a [`PayloadRef`] into the
+//! send buffer (zero copy), and the receiver places them at their offsets in any order,
+//! refusing one that came already.
 //! When it has what it wants (the message, or the buffer's length if shorter) the
 //! receiver completes and sends NOTIFY; the send completes once NOTIFY came and every
 //! frame it sent was acknowledged.
