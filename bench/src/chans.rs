@@ -354,7 +354,9 @@ impl EmxSide {
         from: SendBuffers,
     ) -> Result<(), String> {
         let from = if sends { from } else { SendBuffers::Multiple };
-        let per_send = usize::from(sends && from == SendBuffers::Multiple);
+        // Empty messages have no buffer to share (`buffers` keeps no single
+        // one at size 0): each send takes an empty one of its own.
+        let per_send = usize::from(sends && (from == SendBuffers::Multiple || size == 0));
         self.buffers(size, depth * (per_send + usize::from(recvs)), from)
     }
 

@@ -168,7 +168,7 @@ fn parse_size(s: &str) -> Result<usize, String> {
     let n: usize = num
         .parse()
         .map_err(|_| format!("`{s}` is not a size (bytes, or with K or M)"))?;
-    let n = n * mul;
+    let n = n.saturating_mul(mul);
     if n > 8 << 20 {
         return Err(format!("{s} is above the largest message size, 8M"));
     }
@@ -462,7 +462,7 @@ fn measure(
         .unwrap_or_else(|| ((16usize << 20) / size.max(1)).clamp(2, 64))
         .max(1);
     let window = if test == Test::Msgrate {
-        args.window.unwrap_or(64)
+        args.window.unwrap_or(64).max(1)
     } else {
         window
     };

@@ -358,6 +358,77 @@ type Clients = mpsc::Sender<Taken>;
 /// How long a client may take from connecting to its hello.
 const HELLO_WITHIN: Duration = Duration::from_secs(30);
 
+/// The longest request line taken (a hello with its MACs is about 200 bytes).
+const MAX_REQUEST: usize = 64 << 10;
+
+/// Reads one request line of at most [`MAX_REQUEST`] bytes, all of it by
+/// `deadline` when there is one. `None`: the client closed (or reset) the
+/// connection between requests.
+fn read_request(
+    reader: &mut BufReader<TcpStream>,
+    deadline: Option<Instant>,
+) -> Result<Option<Request>, String> {
+    let mut line = Vec::new();
+    loop {
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err("timed out".into());
+            }
+            let _ = reader.get_ref().set_read_timeout(Some(left));
+        }
+        let buf = match reader.fill_buf() {
+            Ok(b) => b,
+            // Reset: closed with our greeting unread.
+            Err(e) if e.kind() == ErrorKind::ConnectionReset && line.is_empty() => return Ok(None),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            // The read's timeout: the loop checks the deadline.
+            Err(e)
+                if deadline.is_some()
+                    && matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        if buf.is_empty() {
+            return match line.is_empty() {
+                true => Ok(None),
+                false => Err("the connection closed in the middle of a request".into()),
+            };
+        }
+        let (take, end) = match buf.iter().position(|&c| c == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        line.extend_from_slice(&buf[..take]);
+        reader.consume(take);
+        if line.len() > MAX_REQUEST {
+            return Err(format!("a request longer than {MAX_REQUEST} bytes"));
+        }
+        if end {
+            break;
+        }
+    }
+    if deadline.is_some() {
+        let _ = reader.get_ref().set_read_timeout(None);
+    }
+    serde_json::from_slice(&line)
+        .map(Some)
+        .map_err(|e| format!("bad request: {e}"))
+}
+
+/// Has the kernel probe an idle client connection, so that a client whose
+/// host died (no FIN ever comes) ends its session within about a minute
+/// instead of holding the server, busy, forever. Best effort.
+fn keep_alive(stream: &TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let _ = setsockopt(stream, sockopt::KeepAlive, &true);
+    let _ = setsockopt(stream, sockopt::TcpKeepIdle, &30);
+    let _ = setsockopt(stream, sockopt::TcpKeepInterval, &10);
+    let _ = setsockopt(stream, sockopt::TcpKeepCount, &3);
+}
+
 /// Writes one answer line.
 fn send_answer(w: &mut impl Write, a: &Answer) -> Result<(), String> {
     let mut v = serde_json::to_vec(a).map_err(|e| e.to_string())?;
@@ -378,33 +449,18 @@ fn serve_client(
     release: Released,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
+    keep_alive(&stream);
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let mut writer = stream;
     send_answer(&mut writer, &Answer::Ready)?;
-    let mut line = String::new();
-    let read =
-        |reader: &mut BufReader<TcpStream>, line: &mut String| -> Result<Option<Request>, String> {
-            line.clear();
-            match reader.read_line(line) {
-                // Closed, or reset (closed with our greeting unread): gone.
-                Ok(0) => Ok(None),
-                Err(e) if e.kind() == ErrorKind::ConnectionReset => Ok(None),
-                Ok(_) => serde_json::from_str(line)
-                    .map(Some)
-                    .map_err(|e| format!("bad request: {e}")),
-                Err(e) => Err(e.to_string()),
-            }
-        };
-    // A connection that never says hello would hold the server forever.
-    let _ = writer.set_read_timeout(Some(HELLO_WITHIN));
-    let hello = match read(&mut reader, &mut line) {
-        Err(e) if line.is_empty() => Err(format!(
+    // A connection that never says hello (or says it a byte at a time) would
+    // hold the server forever.
+    let hello = read_request(&mut reader, Some(Instant::now() + HELLO_WITHIN)).map_err(|e| {
+        format!(
             "no hello within {} s ({e}); dropped",
             HELLO_WITHIN.as_secs()
-        )),
-        r => r,
-    };
-    let _ = writer.set_read_timeout(None);
+        )
+    });
     let (macs, theirs, shared) = match hello? {
         Some(Request::Hello {
             macs,
@@ -441,11 +497,15 @@ fn serve_client(
     let (ctl, thread) = spawn_echo(eal, pool, link, &b, &macs, echo_core)?;
     let mut thread = Some(thread);
     let ours: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
-    send_answer(&mut writer, &Answer::Hello { macs: ours })?;
+    // (Not `?`: the echo thread is stopped and joined below, whatever happens.)
+    let greeted = send_answer(&mut writer, &Answer::Hello { macs: ours });
     let hz = dpdk_ffi::tsc_hz(eal) as f64;
     let mut bye = false;
     let result = loop {
-        let req = match read(&mut reader, &mut line) {
+        if let Err(e) = &greeted {
+            break Err(e.clone());
+        }
+        let req = match read_request(&mut reader, None) {
             Ok(Some(r)) => r,
             Ok(None) => break Err("the client went away before its goodbye".into()),
             Err(e) => break Err(e),
@@ -484,4 +544,62 @@ fn serve_client(
         let _ = send_answer(&mut writer, &Answer::Done);
     }
     result.and(echo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair: the server's reader and the client's end.
+    fn pair() -> (BufReader<TcpStream>, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (BufReader::new(s), c)
+    }
+
+    /// Requests are read a line each; a line that does not end is refused
+    /// past the limit rather than kept growing; a closed connection is the
+    /// end of the requests.
+    #[test]
+    fn requests_are_lines_of_bounded_length() {
+        let (mut r, mut c) = pair();
+        c.write_all(b"\"Stop\"\n\"Bye\"\n").unwrap();
+        assert!(matches!(
+            read_request(&mut r, None),
+            Ok(Some(Request::Stop))
+        ));
+        assert!(matches!(read_request(&mut r, None), Ok(Some(Request::Bye))));
+        c.write_all(&vec![b' '; MAX_REQUEST + 10]).unwrap();
+        let e = read_request(&mut r, None).unwrap_err();
+        assert!(e.contains("longer than"), "{e}");
+        let (mut r, c) = pair();
+        drop(c);
+        assert!(matches!(read_request(&mut r, None), Ok(None)));
+    }
+
+    /// A client that sends its hello a byte at a time, each byte well
+    /// within a read's timeout, is still held to the hello's deadline.
+    #[test]
+    fn a_dripping_hello_meets_its_deadline() {
+        let (mut r, mut c) = pair();
+        let drip = std::thread::spawn(move || {
+            for _ in 0..40 {
+                if c.write_all(b" ").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let start = Instant::now();
+        let e = read_request(&mut r, Some(start + Duration::from_millis(300))).unwrap_err();
+        assert!(e.contains("timed out"), "{e}");
+        assert!(
+            start.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            start.elapsed()
+        );
+        drop(r);
+        drip.join().unwrap();
+    }
 }

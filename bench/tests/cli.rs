@@ -233,6 +233,29 @@ fn msgrate_json() {
     assert_eq!(sizes_of(&rows, "emx"), [8]);
 }
 
+/// Empty messages stream with `--send-buffers single` too: there is no
+/// buffer to share, so each send takes an empty one of its own. (None was
+/// made: the sends found no buffer, sent nothing, and the row read 0.)
+#[test]
+fn empty_messages_stream_from_single_buffers() {
+    let r = json(&[
+        "--test",
+        "msgrate",
+        "--msg-size",
+        "0",
+        "--send-buffers",
+        "single",
+        "--transports",
+        "raw,emx",
+    ]);
+    let rows = r["rows"].as_array().expect("rows");
+    let emx = rows
+        .iter()
+        .find(|r| r["test"] == "msgrate" && r["transport"] == "emx")
+        .expect("an emx row");
+    assert!(f(&emx["flow"], "msgs") > 0.0, "{emx}");
+}
+
 #[test]
 fn table_and_plot() {
     let svg = std::env::temp_dir().join(format!("emx-bench-{}.svg", std::process::id()));
