@@ -570,7 +570,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         let id = self.peers.len() as u16;
         self.peers
-            .push(Peer::new(addr, mac, self.cfg.rto_initial, self.epoch));
+            .push(Peer::new(addr, mac, self.cfg.initial_rto(), self.epoch));
         self.timers.grow(self.peers.len());
         self.peer_map.insert(addr.key(), id);
         Ok(PeerId(id))
@@ -2031,6 +2031,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
 mod tests {
     use super::*;
     use crate::sim::{LinkConfig, Sim};
+    use std::time::Duration;
 
     fn addr(i: u16) -> Addr {
         Addr::new(i + 1, 0)
@@ -2282,6 +2283,37 @@ mod tests {
         };
         assert_eq!(b.handle_frame(now, &frag(64)), Err(DropReason::Resources));
         assert_eq!(b.handle_frame(now, &frag(63)), Ok(()));
+    }
+
+    /// A peer that does not answer is probed every `rto_min` at most, even
+    /// with `rto_initial` 0: the timer used to be due again at once, and a
+    /// HELLO left on every poll until the peer was given up.
+    #[test]
+    fn an_initial_rto_below_rto_min_is_taken_as_rto_min() {
+        let cfg = CoreConfig {
+            rto_initial: Duration::ZERO,
+            ..unchecked()
+        };
+        let mut a: Core<Vec<u8>, Vec<u8>> = Core::new(cfg, addr(0), mac(0), 1, Time::ZERO).unwrap();
+        a.add_peer(addr(1), mac(1)).unwrap();
+        a.send(Time::ZERO, addr(1), 7, vec![1; 8], 0).unwrap();
+        let mut buf = vec![0u8; 9216];
+        let (mut now, mut sent) = (Time::ZERO, 0);
+        let end = Time::from_micros(2000);
+        while sent < 1000 {
+            while a.poll_transmit(now, &mut buf).is_some() {
+                sent += 1;
+            }
+            match a.poll_timeout() {
+                Some(t) if t < end => {
+                    now = now.max(t);
+                    a.handle_timeout(now);
+                }
+                _ => break,
+            }
+        }
+        // 200 us apart, backing off: a handful in 2 ms.
+        assert!(sent <= 11, "{sent} frames in 2 ms");
     }
 
     /// Rendezvous data that repeats bytes that arrived already is refused:

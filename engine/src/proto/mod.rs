@@ -326,7 +326,8 @@ pub struct CoreConfig {
     /// Acknowledge at once after this many unacknowledged in-order frames (a PACK
     /// counts as the messages it carries).
     pub ack_every: u32,
-    /// Retransmission timeout before the first RTT sample.
+    /// Retransmission timeout before the first RTT sample, taken within
+    /// `rto_min..=rto_max` ([`initial_rto`](Self::initial_rto)).
     pub rto_initial: Duration,
     /// Lower bound of the retransmission timeout.
     pub rto_min: Duration,
@@ -403,6 +404,15 @@ impl CoreConfig {
     pub fn effective_pull_block(&self) -> u32 {
         let frame = self.frame_payload().min(u32::MAX as usize) as u32;
         rendezvous::whole_units(self.pull_block, frame)
+    }
+
+    /// The retransmission timeout a peer starts with: `rto_initial` within
+    /// `rto_min..=rto_max`. (Below `rto_min`, and at 0 above all, a peer that
+    /// does not answer was probed on every poll, and a lone frame was sent
+    /// again before its delayed acknowledgement could come back.)
+    #[inline]
+    pub fn initial_rto(&self) -> Duration {
+        self.rto_initial.max(self.rto_min).min(self.rto_max)
     }
 
     /// Credit bytes each peer may have charged against the unexpected store.

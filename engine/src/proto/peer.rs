@@ -397,7 +397,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     pub(crate) fn reset_session(&mut self, p: u16) {
         self.touch(p);
         self.free_frames(p);
-        let rto = self.cfg.rto_initial;
+        let rto = self.cfg.initial_rto();
         let peer = &mut self.peers[p as usize];
         debug_assert!(peer.sends.is_empty() && peer.pulls.is_empty());
         peer.snd_next = 0;
