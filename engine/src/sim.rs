@@ -97,6 +97,9 @@ pub struct SimStats {
     pub corrupted: u64,
     /// Frames to or from a node that is down, or to no node at all.
     pub undeliverable: u64,
+    /// Frames longer than the receiving node's MTU allows (its Ethernet
+    /// header besides): a port drops them.
+    pub oversize: u64,
     /// Frames that a core rejected.
     pub rejected: u64,
     /// Corrupted frames that a core accepted anyway (a checksum miss).
@@ -318,6 +321,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
         };
         if self.blocked.contains(&(src, dst)) {
             self.stats.undeliverable += 1;
+            return;
+        }
+        if bytes.len() > self.nodes[dst].core.config().mtu + crate::wire::ETH_HEADER_LEN {
+            self.stats.oversize += 1;
             return;
         }
         let corrupted = self.rng.chance(self.link.corrupt);

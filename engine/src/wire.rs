@@ -37,8 +37,9 @@
 //! `[k * unit, (k + 1) * unit)`, the last one up to the message's end (for rendezvous
 //! data, the end of what the receiver pulls, whose blocks are whole units). The
 //! receiver keeps which fragments arrived by index, so a fragment that repeats bytes is
-//! refused however it came, and the MTUs of two peers may differ. The unit is at least
-//! [`MIN_FRAG_UNIT`].
+//! refused however it came, and a sender whose MTU is below its receiver's can send to
+//! it (nothing negotiates an MTU: a larger frame would not fit the receiver's port). The
+//! unit is at least [`MIN_FRAG_UNIT`].
 //!
 //! The header is fixed-size so that a frame's payload always starts at the same offset
 //! and a polling core can attach a payload buffer behind it without computing anything.

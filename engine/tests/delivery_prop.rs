@@ -298,6 +298,15 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
                     let id = info.match_bits & 0xffff_ffff;
                     let m = &sc.msgs[id as usize];
                     prop_assert_eq!(info.src, addr(m.src));
+                    // A message this receive may take: its source and bits.
+                    prop_assert_eq!(m.dst, core);
+                    prop_assert!(
+                        p.src.is_none_or(|s| s == m.src),
+                        "receive {} took {}",
+                        i,
+                        id
+                    );
+                    prop_assert_eq!(info.match_bits & p.mask, p.bits & p.mask);
                     prop_assert_eq!(info.msg_len as usize, m.len);
                     prop_assert!(info.match_bits >> TAG_SHIFT == m.tag);
                     let copied = m.len.min(p.buf_len);

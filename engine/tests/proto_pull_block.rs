@@ -80,12 +80,13 @@ fn no_block_ends_in_a_short_frame() {
     }
 }
 
-/// Peers whose MTUs differ: each cuts its messages at its own frame payload,
-/// which its frames name, and a receiver pulls whole units of its sender's,
-/// so both directions work, through loss and reordering, eager and
-/// rendezvous.
+/// A sender whose MTU is below its receiver's cuts its messages at its own
+/// frame payload, which its frames name, and the receiver pulls whole units
+/// of it: eager and rendezvous, through loss and reordering. (The other way
+/// round, the larger frames do not fit the receiver's port, in the sim as on
+/// a wire: nothing negotiates an MTU, and cluster files require equal ones.)
 #[test]
-fn peers_with_different_mtus() {
+fn a_sender_with_a_smaller_mtu() {
     let small = CoreConfig::default();
     let big = CoreConfig {
         mtu: 9000,
@@ -100,13 +101,10 @@ fn peers_with_different_mtus() {
     let mut sim: TestSim = emx::sim::Sim::new(link);
     sim.add_core(make_core(&small, 0, 2, 1, Time::ZERO));
     sim.add_core(make_core(&big, 1, 2, 1, Time::ZERO));
-    let mut tag = 1;
-    for (a, b) in [(0, 1), (1, 0)] {
-        for len in [20_000, 1 << 20, 3 << 20 | 77] {
-            transfer(&mut sim, a, b, len, tag);
-            tag += 1;
-        }
+    for (tag, len) in [20_000, 1 << 20, 3 << 20 | 77].into_iter().enumerate() {
+        transfer(&mut sim, 0, 1, len, tag as u64 + 1);
     }
+    assert_eq!(sim.stats().oversize, 0);
 }
 
 /// Eager messages of more fragments than a message's record of them holds
