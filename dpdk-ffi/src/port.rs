@@ -208,6 +208,23 @@ impl Port {
         let mut info = sys::rte_eth_dev_info::default();
         // SAFETY: valid port id; info is a writable rte_eth_dev_info.
         unsafe { sys::rte_eth_dev_info_get(id, &mut info) }.check("rte_eth_dev_info_get")?;
+        // Checked before the handle takes the port: a refusal leaves a port
+        // this handle did not create untouched (a closed port is gone for the
+        // process), so it opens again with a configuration that fits.
+        if cfg.rx_queues == 0
+            || cfg.rx_queues > info.max_rx_queues
+            || cfg.tx_queues == 0
+            || cfg.tx_queues > info.max_tx_queues
+        {
+            return Err(Error::Config(format!(
+                "port {id} ({}) supports 1..={} rx and 1..={} tx queues; asked for {} and {}",
+                port_name(id),
+                info.max_rx_queues,
+                info.max_tx_queues,
+                cfg.rx_queues,
+                cfg.tx_queues
+            )));
+        }
         // Remove the device on drop only if this handle created it. Built here,
         // so that a failure below still stops, closes and removes it.
         let mut inner = PortInner {
@@ -223,16 +240,6 @@ impl Port {
             _pool: pool.clone(),
             _eal: eal.clone(),
         };
-        if cfg.rx_queues == 0
-            || cfg.rx_queues > info.max_rx_queues
-            || cfg.tx_queues == 0
-            || cfg.tx_queues > info.max_tx_queues
-        {
-            return Err(Error::Config(format!(
-                "port {id} ({}) supports 1..={} rx and 1..={} tx queues; asked for {} and {}",
-                inner.name, info.max_rx_queues, info.max_tx_queues, cfg.rx_queues, cfg.tx_queues
-            )));
-        }
         let mut conf = sys::rte_eth_conf::default();
         let chains = chains_long_frames(&info);
         // An MTU beyond what the driver claims, on a driver that chains: the

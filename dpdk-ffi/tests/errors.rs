@@ -133,6 +133,30 @@ fn queue_has_one_owner_at_a_time_and_bounds() {
     );
 }
 
+/// A queue count the port cannot give is refused before the handle takes
+/// the port, which then opens with one it can: the refusal used to close
+/// the port, and a port closed in DPDK 22.11 is gone for the process.
+#[test]
+fn a_refused_queue_count_leaves_the_port_to_open_again() {
+    let eal = Eal::builder()
+        .hugepages(HugepageMode::Never)
+        .memory_mb(256)
+        .vdev("net_null0")
+        .init()
+        .expect("EAL starts");
+    let pool = Mempool::new(&eal, "e-queues", 1023, 0, DEFAULT_DATA_ROOM).unwrap();
+    let none = PortConfig {
+        rx_queues: 0,
+        ..PortConfig::default()
+    };
+    let err = Port::open(&eal, 0, &none, &pool).unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("queues")),
+        "{err:?}"
+    );
+    Port::open(&eal, 0, &PortConfig::default(), &pool).expect("the port opens");
+}
+
 /// A second handle on a port that a live `Port` has open is refused before it
 /// touches the port: before, its failure path stopped and closed the port
 /// under the first handle's queues.
