@@ -620,6 +620,10 @@ impl ExtBuf {
                 "only an empty, direct, single-segment mbuf can be attached".into(),
             ));
         }
+        if len == 0 {
+            // (At the region's end, its page would lie past the page table.)
+            return Err(Error::Config("an empty slice has nothing to attach".into()));
+        }
         let region = self.region();
         let at = self.offset + offset;
         let page = at / region.page_size;

@@ -142,6 +142,11 @@ fn buffers_split_where_io_addresses_are_not_contiguous() {
     assert_eq!(at, b.len());
     assert!(runs >= (5 << 20) / 60_000);
     assert_eq!(b.contiguous_len(b.len()), 0);
+    // Nothing to attach at its end: refused, where a buffer that ended at its
+    // region's end had the attach index past the region's page table.
+    assert!(b
+        .attach(&mut Mbuf::alloc(&pool).unwrap(), b.len(), 0)
+        .is_err());
     if !eal.iova_is_va() && region.is_hugepages() {
         // Physical addresses: a run ends at a page boundary unless the next
         // page happens to follow it physically.
