@@ -22,6 +22,7 @@
 //! (with a larger window), the first fragment of a message included, is
 //! refused as a lack of resources, not acknowledged, and sent again later.
 
+use super::slab::{ones_at_start, shift_down};
 use crate::wire::DropReason;
 
 /// The fragments of one message that arrived: see the [module](self). `W`
@@ -89,31 +90,10 @@ impl<const W: usize> Frags<W> {
         let j = ((off - self.next) / unit) as usize;
         self.bits[j / 64] |= 1 << (j % 64);
         // Move past the run that now starts at `next`.
-        let mut run = 0;
-        for w in self.bits {
-            let ones = w.trailing_ones() as usize;
-            run += ones;
-            if ones < 64 {
-                break;
-            }
-        }
+        let run = ones_at_start(&self.bits);
         if run > 0 {
-            self.shift(run);
+            shift_down(&mut self.bits, run);
             self.next += run as u64 * unit;
-        }
-    }
-
-    /// Shifts the bitmap down by `n` bits (at most `64 * W`).
-    fn shift(&mut self, n: usize) {
-        let (words, bits) = (n / 64, n % 64);
-        for i in 0..W {
-            let lo = self.bits.get(i + words).copied().unwrap_or(0);
-            let hi = self.bits.get(i + words + 1).copied().unwrap_or(0);
-            self.bits[i] = if bits == 0 {
-                lo
-            } else {
-                (lo >> bits) | (hi << (64 - bits))
-            };
         }
     }
 

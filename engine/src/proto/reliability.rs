@@ -18,7 +18,7 @@
 //! or decide what to send next: that is the core's transmit path.
 
 use super::core::Core;
-use super::slab::NIL;
+use super::slab::{ones_at_start, shift_down, NIL};
 use super::RecvBuffer;
 use super::Time;
 use crate::wire::{DropReason, FrameType, Header};
@@ -108,33 +108,13 @@ impl RecvWindow {
                 return;
             }
             // Slide past the new frame and every already-received one after it.
-            let mut run = 0u32;
-            for &w in &self.seen {
-                run += w.trailing_ones();
-                if w != u64::MAX {
-                    break;
-                }
-            }
-            self.next = self.next.wrapping_add(run + 1);
-            self.shift_out(run as usize + 1);
+            let run = ones_at_start(&self.seen);
+            self.next = self.next.wrapping_add(run as u32 + 1);
+            shift_down(&mut self.seen, run + 1);
         } else {
             debug_assert!((1..=MAX_WINDOW).contains(&d));
             let b = (d - 1) as usize;
             self.seen[b / 64] |= 1u64 << (b % 64);
-        }
-    }
-
-    /// Drops the bitmap's first `n` bits (the rest move down).
-    fn shift_out(&mut self, n: usize) {
-        let (words, bits) = (n / 64, n % 64);
-        for i in 0..SEEN_WORDS {
-            let lo = self.seen.get(i + words).copied().unwrap_or(0);
-            let hi = self.seen.get(i + words + 1).copied().unwrap_or(0);
-            self.seen[i] = if bits == 0 {
-                lo
-            } else {
-                (lo >> bits) | (hi << (64 - bits))
-            };
         }
     }
 }

@@ -1,6 +1,6 @@
-//! Preallocated tables: free lists, intrusive doubly linked lists over slab indices, and
-//! a cheap hasher for the few integer-keyed maps. Nothing here allocates after
-//! construction.
+//! Preallocated tables: free lists, intrusive doubly linked lists over slab indices, a
+//! cheap hasher for the few integer-keyed maps, and the two operations of the bitmaps
+//! that track what arrived past a gap. Nothing here allocates after construction.
 
 use super::Time;
 use std::cell::Cell;
@@ -8,6 +8,35 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// "No index".
 pub(crate) const NIL: u32 = u32::MAX;
+
+/// How many bits are set at the start of `bits` (bit 0 of word 0 first),
+/// before the first clear one.
+#[inline]
+pub(crate) fn ones_at_start(bits: &[u64]) -> usize {
+    let mut run = 0;
+    for &w in bits {
+        run += w.trailing_ones() as usize;
+        if w != u64::MAX {
+            break;
+        }
+    }
+    run
+}
+
+/// Drops the first `n` bits of `bits` (at most all of them); the rest move
+/// down and zeros come in at the end.
+pub(crate) fn shift_down(bits: &mut [u64], n: usize) {
+    let (words, shift) = (n / 64, n % 64);
+    for i in 0..bits.len() {
+        let lo = bits.get(i + words).copied().unwrap_or(0);
+        let hi = bits.get(i + words + 1).copied().unwrap_or(0);
+        bits[i] = if shift == 0 {
+            lo
+        } else {
+            (lo >> shift) | (hi << (64 - shift))
+        };
+    }
+}
 
 /// A stack of free indices.
 #[derive(Debug, Clone)]
