@@ -103,11 +103,11 @@ struct PortInner {
     _eal: Eal,
 }
 
-// SAFETY: setup, teardown (configure, start, stop, close, remove) and the
-// statistics, which DPDK does not make thread-safe, run under the crate's
-// control lock (`crate::control`); the other queries made through a shared
-// PortInner (link status, name, MAC) only read; the device pointer is only
-// used in Drop.
+// SAFETY: setup, teardown (configure, start, stop, close, remove), the
+// statistics and the link status, which DPDK does not make thread-safe (a
+// driver's link_update writes shared state), run under the crate's control
+// lock (`crate::control`); the other queries made through a shared PortInner
+// (name, MAC) only read; the device pointer is only used in Drop.
 unsafe impl Send for PortInner {}
 // SAFETY: as above; queues, which are not thread-safe, are separate owned types.
 unsafe impl Sync for PortInner {}
@@ -372,17 +372,7 @@ impl Port {
 
     /// The link state now.
     pub fn link(&self) -> LinkStatus {
-        let mut link = sys::rte_eth_link::default();
-        // SAFETY: valid port; link is writable.
-        if unsafe { sys::rte_eth_link_get_nowait(self.0.id, &mut link) } != 0 {
-            return LinkStatus::default();
-        }
-        let l = link;
-        LinkStatus {
-            up: l.link_status() != 0,
-            speed_mbps: l.link_speed,
-            full_duplex: l.link_duplex() != 0,
-        }
+        link_status(self.0.id)
     }
 
     /// Waits until the link is up, or fails after `timeout`.
@@ -696,8 +686,13 @@ impl TxQueue {
 }
 
 fn link_status(id: u16) -> LinkStatus {
+    // The driver's link_update runs (on a NIC it reads the hardware and
+    // writes the device's shared link state): one caller at a time, as for
+    // the other control calls.
+    let _control = crate::control::control();
     let mut l = sys::rte_eth_link::default();
-    // SAFETY: valid port id (callers hold the port); l is writable.
+    // SAFETY: valid port id (callers hold the port); l is writable; the
+    // control lock is held.
     if unsafe { sys::rte_eth_link_get_nowait(id, &mut l) } != 0 {
         return LinkStatus::default();
     }
