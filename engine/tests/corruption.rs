@@ -177,12 +177,17 @@ fn corrupting_link_with_full_checksums() {
     let mut n = 0;
     let ok = sim.run_until(Time(10_000_000_000), |sim| {
         for (_, c) in drain(sim) {
-            if let Completion::Recv(r) = c {
-                let k = r.ctx as usize;
-                assert!(
-                    r.buf == pattern(k as u64, sizes[k]),
-                    "message {k} corrupted"
-                );
+            match c {
+                Completion::Recv(r) => {
+                    let k = r.ctx as usize;
+                    let info = r.result.expect("every receive completes");
+                    assert_eq!(info.msg_len as usize, sizes[k], "message {k}");
+                    assert!(
+                        r.buf == pattern(k as u64, sizes[k]),
+                        "message {k} corrupted"
+                    );
+                }
+                Completion::Send(d) => d.result.expect("every send completes"),
             }
             n += 1;
         }

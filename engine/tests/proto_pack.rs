@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use emx::proto::{Completion, CoreConfig, DropReason, Time};
+use emx::proto::{ChecksumMode, Completion, CoreConfig, DropReason, Time};
 use emx::sim::LinkConfig;
 use emx::wire::{
     write_pack_record, Frame, FrameType, Header, Packed, DEFAULT_ETHERTYPE, FRAME_HEADER_LEN,
@@ -111,11 +111,22 @@ fn packs_survive_loss_duplication_reordering_and_corruption() {
             seed,
             ..LinkConfig::default()
         };
-        let mut sim = exchange(&CoreConfig::default(), link, 600);
+        // Payloads checksummed too: with the default (headers only) a
+        // corrupted lone message's payload would go through, and the test
+        // passed only because these seeds never hit one.
+        let cfg = CoreConfig {
+            checksum: ChecksumMode::Full,
+            ..CoreConfig::default()
+        };
+        let mut sim = exchange(&cfg, link, 600);
         let peer = sim.core(0).peer_id(addr(1)).unwrap();
         let s = *sim.core(0).peer_stats(peer).unwrap();
         assert!(s.retransmits > 0, "seed {seed}: nothing was lost");
         assert!(s.msgs_packed > 300, "seed {seed}: {} packed", s.msgs_packed);
+        assert!(
+            sim.stats().corrupted > 0,
+            "seed {seed}: nothing was corrupted"
+        );
         assert_eq!(sim.stats().corrupted_accepted, 0);
     }
 }
