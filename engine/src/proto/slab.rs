@@ -23,8 +23,8 @@ pub(crate) fn ones_at_start(bits: &[u64]) -> usize {
     run
 }
 
-/// Drops the first `n` bits of `bits` (at most all of them); the rest move
-/// down and zeros come in at the end.
+/// Drops the first `n` bits of `bits` (all of them when `n` is as many or
+/// more); the rest move down and zeros come in at the end.
 pub(crate) fn shift_down(bits: &mut [u64], n: usize) {
     let (words, shift) = (n / 64, n % 64);
     for i in 0..bits.len() {
