@@ -124,9 +124,7 @@ fn eager_messages_of_many_fragments_through_loss() {
         seed: 5,
         ..LinkConfig::default()
     };
-    let mut sim: TestSim = emx::sim::Sim::new(link);
-    sim.add_core(make_core(&cfg, 0, 2, 1, Time::ZERO));
-    sim.add_core(make_core(&cfg, 1, 2, 1, Time::ZERO));
+    let mut sim: TestSim = make_sim(2, link, &cfg);
     for tag in 1..=6 {
         transfer(
             &mut sim,
