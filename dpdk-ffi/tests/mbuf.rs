@@ -102,3 +102,103 @@ fn registered_threads_get_caches_and_flush_them() {
     let all: Vec<Mbuf> = (0..1023).map(|_| Mbuf::alloc(&pool).unwrap()).collect();
     assert_eq!(all.len(), 1023);
 }
+
+/// A pool's last drop counts its mbufs only once the frees in progress have
+/// ended (a count read beside a cache put can say 0 with an mbuf still out),
+/// and a free that starts meanwhile waits for the drop. `emx_burst_hold`
+/// stands for a free in progress, as the shim marks one.
+#[test]
+fn a_pool_is_freed_between_frees() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "closing", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let other = Mempool::new(&eal, "other", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let (held, wait_held) = mpsc::channel();
+    let (release, wait_release) = mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        // SAFETY: marks this thread as inside a free; no free runs.
+        unsafe { dpdk_ffi::sys::emx_burst_hold(1) };
+        held.send(()).unwrap();
+        wait_release.recv().unwrap();
+        // SAFETY: the matching leave.
+        unsafe { dpdk_ffi::sys::emx_burst_hold(0) };
+    });
+    wait_held.recv().unwrap();
+    let (dropped, wait_dropped) = mpsc::channel();
+    let dropper = std::thread::spawn(move || {
+        drop(pool);
+        dropped.send(()).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        wait_dropped.try_recv().is_err(),
+        "the pool was counted and freed during a free"
+    );
+    // A free that starts now waits for the pool's free.
+    let m = Mbuf::alloc(&other).unwrap();
+    let (freed, wait_freed) = mpsc::channel();
+    let freer = std::thread::spawn(move || {
+        drop(m);
+        freed.send(()).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        wait_freed.try_recv().is_err(),
+        "a free ran while a pool was being freed"
+    );
+    release.send(()).unwrap();
+    for h in [holder, dropper, freer] {
+        h.join().unwrap();
+    }
+    wait_dropped.recv().unwrap();
+    wait_freed.recv().unwrap();
+    assert_eq!(other.in_use(), 0);
+    // Freed, not leaked: the name is free again.
+    Mempool::new(&eal, "closing", 255, 0, DEFAULT_DATA_ROOM).expect("the pool was freed");
+}
+
+/// Pools come and go on one thread while another frees their mbufs and
+/// churns a pool of its own through its cache: each is freed once its mbufs
+/// are back (its name can be taken again), and nothing deadlocks.
+#[test]
+fn pools_come_and_go_beside_busy_threads() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+
+    let eal = eal(HugepageMode::Never);
+    let busy_pool = Mempool::new(&eal, "busy", 1023, 64, DEFAULT_DATA_ROOM).unwrap();
+    let stop = AtomicBool::new(false);
+    let (to_freer, frees) = mpsc::channel::<Vec<Mbuf>>();
+    let (freed, wait_freed) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _reg = ThreadRegistration::register(&eal).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let burst: Vec<Mbuf> = (0..8).map(|_| Mbuf::alloc(&busy_pool).unwrap()).collect();
+                drop(burst);
+            }
+        });
+        let eal2 = eal.clone();
+        s.spawn(move || {
+            let _reg = ThreadRegistration::register(&eal2).unwrap();
+            for ms in frees {
+                drop(ms);
+                freed.send(()).unwrap();
+            }
+        });
+        let _reg = ThreadRegistration::register(&eal).unwrap();
+        for _ in 0..200 {
+            let pool = Mempool::new(&eal, "transient", 255, 32, DEFAULT_DATA_ROOM)
+                .expect("the last round's pool was freed");
+            let ms: Vec<Mbuf> = (0..16).map(|_| Mbuf::alloc(&pool).unwrap()).collect();
+            to_freer.send(ms).unwrap();
+            wait_freed.recv().unwrap();
+            drop(pool);
+        }
+        drop(to_freer);
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(busy_pool.in_use(), 0);
+}
