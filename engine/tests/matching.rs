@@ -352,3 +352,70 @@ fn matched_messages_give_their_credit_back_without_waiting_for_the_delayed_ack()
         st.credit_stalls
     );
 }
+
+/// A sender held back by a receiver whose store stays full probes it (its
+/// credit update may have been lost) less and less often, as TCP's persist
+/// timer does, down to one probe per `keepalive`; it probed every `rto_min`
+/// (200 us) for as long as the store stayed full. Once the receiver takes the
+/// messages, the stream goes on at once.
+#[test]
+fn a_sender_stalled_on_credit_backs_off_its_probes() {
+    const N: u64 = 40;
+    const LEN: usize = 4000;
+    let cfg = CoreConfig {
+        mtu: 9000,
+        max_peers: 4,
+        unexpected_bytes: 4 * 64 * 1024,
+        eager_threshold: 16 * 1024,
+        ..CoreConfig::default()
+    };
+    let link = LinkConfig {
+        latency: Duration::from_micros(5),
+        bandwidth_bps: 0,
+        ..LinkConfig::default()
+    };
+    let mut sim = make_sim(2, link, &cfg);
+    let now = sim.now();
+    for i in 0..N {
+        sim.core(0)
+            .send(now, addr(1), i, pattern(i, LEN), i)
+            .unwrap();
+    }
+    let sent = |sim: &TestSim| {
+        let c = sim.core_ref(0);
+        c.peer_stats(c.peer_id(addr(1)).unwrap())
+            .unwrap()
+            .frames_sent
+    };
+    // The store fills, and the sender stalls.
+    sim.run_until(now + Duration::from_millis(1), |_| false);
+    let c = sim.core_ref(0);
+    assert!(
+        c.peer_stats(c.peer_id(addr(1)).unwrap())
+            .unwrap()
+            .credit_stalls
+            > 0
+    );
+    let before = sent(&sim);
+    let stalled = sim.now();
+    sim.run_until(stalled + Duration::from_millis(200), |_| false);
+    let probes = sent(&sim) - before;
+    // 200 us, 400 us, ... up to 10 ms: about 25 in 200 ms (it was 1,000).
+    assert!(probes <= 30, "{probes} probes in 200 ms");
+    assert!(
+        probes >= 15,
+        "{probes} probes in 200 ms: it stopped probing"
+    );
+    // The receiver takes everything; the stream resumes without waiting for
+    // a probe.
+    let now = sim.now();
+    for i in 0..N {
+        sim.core(1)
+            .post_recv(now, Some(addr(0)), i, !0, vec![0; LEN], i)
+            .unwrap();
+    }
+    await_exchange(&mut sim, now + Duration::from_millis(2), N, |k, r| {
+        assert_eq!(r.result.unwrap().match_bits, k);
+        assert!(r.buf == pattern(k, LEN));
+    });
+}

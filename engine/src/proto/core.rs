@@ -1558,6 +1558,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                         peer.rtt.back_off();
                     } else {
                         peer.ping_now = true;
+                        if peer.credit_stalled && peer.inflight.is_empty() {
+                            // A persist probe, as TCP's for a zero window: the
+                            // receiver's store may stay full for long, so each
+                            // one waits twice as long (up to `keepalive`).
+                            peer.rtt.back_off();
+                        }
                         self.greet_all_if_learnt(p);
                     }
                 }

@@ -36,7 +36,9 @@
 //! - **Credits**: the unexpected store is split evenly among peers; a sender charges each
 //!   message against its share before sending it, and the receiver returns the charge when
 //!   the message binds to a receive. So the store can never overflow, and nothing that
-//!   was sent is ever dropped for lack of room.
+//!   was sent is ever dropped for lack of room. A sender out of credit with nothing in
+//!   flight probes for it (the update may have been lost) after a retransmission
+//!   timeout, then twice as long each time up to `keepalive`, as TCP's persist timer.
 //! - **Sessions**: HELLO handshake learns the peer's epoch; frames name both epochs; a
 //!   higher epoch means a restart and fails the old session's requests; silence past
 //!   `peer_timeout` while something waits on the peer declares it unreachable (our epoch

@@ -214,6 +214,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             peer.credit_known = true;
             if peer.credit_stalled {
                 peer.credit_stalled = false;
+                if peer.inflight.is_empty() {
+                    // The persist probes' backoff (nothing else backed off).
+                    peer.rtt.reset_backoff();
+                }
             }
         }
         if peer.inflight.is_empty() {
