@@ -404,3 +404,65 @@ fn peer_given_up_one_sided_comes_back_when_it_speaks() {
     transfer(&mut sim, 1, 0, 5000, 7);
     transfer(&mut sim, 0, 1, 5000, 8);
 }
+
+/// A complete message kept from a peer that was then declared unreachable is
+/// still delivered, to an any-source receive, but taking it does not speak to
+/// that peer: its session is over, and only `reconnect` (or the peer speaking
+/// first) starts another. Binding it used to engage the peer like a live one,
+/// which sent a HELLO and revived it behind the application's back.
+#[test]
+fn a_message_kept_from_a_dead_peer_does_not_revive_it() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 1000, 1);
+    let now = sim.now();
+    sim.core(1)
+        .send(now, addr(0), 3, b"kept".to_vec(), 3)
+        .unwrap();
+    sim.run_until(now + Duration::from_millis(1), |_| false);
+    assert!(drain(&mut sim).iter().any(|(k, _)| *k == 1), "acknowledged");
+    // Node 0 waits on node 1, stops hearing it and gives it up.
+    let now = sim.now();
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 9, !0, vec![0; 8], 90)
+        .unwrap();
+    sim.set_blocked(1, 0, true);
+    let mut failed = Vec::new();
+    sim.run_until(now + Duration::from_secs(1), |sim| {
+        failed.extend(drain(sim));
+        !failed.is_empty()
+    });
+    assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+    sim.set_blocked(1, 0, false);
+    let sent_before = sim.core_ref(0).peer_stats(PeerId(0)).unwrap().frames_sent;
+    let now = sim.now();
+    sim.core(0)
+        .post_recv(now, None, 3, !0, vec![0; 8], 30)
+        .unwrap();
+    let got = drain(&mut sim);
+    match &got[..] {
+        [(0, Completion::Recv(r))] => {
+            let info = r.result.unwrap();
+            assert_eq!(
+                (info.src, &r.buf[..info.copied as usize]),
+                (addr(1), &b"kept"[..])
+            );
+        }
+        other => panic!("unexpected completions {other:?}"),
+    }
+    sim.run_until(now + Duration::from_millis(100), |_| false);
+    assert!(
+        sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead,
+        "taking the message revived the peer"
+    );
+    assert_eq!(
+        sim.core_ref(0).peer_stats(PeerId(0)).unwrap().frames_sent,
+        sent_before,
+        "a frame went to the dead peer"
+    );
+    // `reconnect` still brings it back.
+    let now = sim.now();
+    assert!(sim.core(0).reconnect(now, PeerId(0)));
+    assert!(until_both_up(&mut sim), "the sessions did not come back");
+    transfer(&mut sim, 0, 1, 5000, 8);
+}

@@ -230,7 +230,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         slot.state = RecvState::Active;
         slot.msg = m;
-        let engage = slot.inv_peer == NO_PEER;
+        // An orphan (kept, complete, from a session that is over) completes
+        // now and needs nothing of its peer: engaging a dead one would greet
+        // it and start a session that only `reconnect` may start.
+        let engage = slot.inv_peer == NO_PEER && !msg.orphan;
         if engage {
             slot.inv_peer = msg.peer;
             self.engage(msg.peer, now);
