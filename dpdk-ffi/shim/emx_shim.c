@@ -41,23 +41,6 @@ unsigned rte_lcore_id_(void) { return rte_lcore_id(); }
  * definition of any symbol that a shared library on its link line uses, and
  * librte_eal, which every emx program links, uses munmap.
  * emx_unmap_guarded() checks. In a static build the link resolves it here.
- *
- * The same marks make freeing a mempool safe (emx_mempool_free_unused). A
- * pool may be freed only when none of its mbufs is out, but its in-use count
- * is exact only while nothing gets or puts: a cache put raises the cache's
- * length before it stores the pointer, and a cache flush counts the flushed
- * mbufs in the ring and the cache at once (capped at the pool's size), so a
- * count read beside them can say 0 while an mbuf is still out, and the pool
- * would be freed under it. Every mbuf free through this shim (and every
- * burst, which frees what it sent) is therefore a marked section too, and
- * the pool's free raises `emx_pools_closing`, waits for the sections in
- * progress, reads the count and frees the pool while new sections wait at
- * their start. A section marks itself and then reads the flag; the free
- * raises the flag and then reads the marks, with membarrier between (the
- * asymmetric fence of liburcu's membarrier flavour): either the section sees
- * the flag, or the free sees the mark. Sections nest (a free inside a burst,
- * in a driver's or an external buffer's release callback): only the
- * outermost one marks.
  */
 
 #define EMX_BURST_SLOTS 256
@@ -74,10 +57,6 @@ static struct emx_burst_slot emx_slots[EMX_BURST_SLOTS];
 static uint64_t emx_overflow_inside;
 static __thread struct emx_burst_slot *emx_my_slot
 	__attribute__((tls_model("initial-exec")));
-/* How deep this thread is in marked sections (only the outermost marks). */
-static __thread unsigned emx_depth __attribute__((tls_model("initial-exec")));
-/* Non-zero while a mempool is being freed: new sections wait for it. */
-static uint32_t emx_pools_closing;
 static pthread_key_t emx_slot_key;
 static pthread_once_t emx_slot_once = PTHREAD_ONCE_INIT;
 
@@ -112,59 +91,32 @@ static struct emx_burst_slot *emx_slot_claim(void)
 	return NULL;
 }
 
-/* Waits while a mempool is being freed. */
-static void emx_wait_pools_open(void)
-{
-	while (__atomic_load_n(&emx_pools_closing, __ATOMIC_ACQUIRE) != 0)
-		rte_pause();
-}
-
 static inline struct emx_burst_slot *emx_burst_enter(void)
 {
 	struct emx_burst_slot *s = emx_my_slot;
 
-	if (emx_depth++ != 0)
-		return s; /* nested: the outer section marked already */
 	if (unlikely(s == NULL)) {
 		s = emx_slot_claim();
 		if (s == NULL) {
-			for (;;) {
-				/* (a locked add: a full fence of its own) */
-				__atomic_fetch_add(&emx_overflow_inside, 1,
-						   __ATOMIC_SEQ_CST);
-				if (likely(__atomic_load_n(&emx_pools_closing,
-							   __ATOMIC_SEQ_CST) ==
-					   0))
-					return NULL;
-				__atomic_fetch_sub(&emx_overflow_inside, 1,
-						   __ATOMIC_SEQ_CST);
-				emx_wait_pools_open();
-			}
+			__atomic_fetch_add(&emx_overflow_inside, 1,
+					   __ATOMIC_SEQ_CST);
+			return NULL;
 		}
 	}
-	for (;;) {
-		__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELAXED);
-		/* The mark precedes the section's reads and writes, and the
-		 * flag's read (membarrier orders them for the other side). */
-		__atomic_signal_fence(__ATOMIC_SEQ_CST);
-		if (likely(__atomic_load_n(&emx_pools_closing,
-					   __ATOMIC_RELAXED) == 0))
-			return s;
-		/* A pool is being freed: step out until it is. */
-		__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
-		emx_wait_pools_open();
-	}
+	__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELAXED);
+	/* The mark precedes the burst's reads (membarrier orders it for the
+	 * interrupt thread). */
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	return s;
 }
 
 static inline void emx_burst_leave(struct emx_burst_slot *s)
 {
-	if (--emx_depth != 0)
-		return;
 	if (unlikely(s == NULL)) {
 		__atomic_fetch_sub(&emx_overflow_inside, 1, __ATOMIC_SEQ_CST);
 		return;
 	}
-	/* The section's reads and writes precede the mark. */
+	/* The burst's reads precede the mark. */
 	__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
 }
 
@@ -187,14 +139,9 @@ static void emx_barrier_all_threads(void)
 	usleep(1000);
 }
 
-/*
- * Waits until every marked section in progress when it was called has ended,
- * except the calling thread's own (which is waiting here, not running one).
- */
-static void emx_wait_for_sections(void)
+/* Waits until every burst in progress when it was called has ended. */
+void emx_wait_for_bursts(void)
 {
-	struct emx_burst_slot *mine = emx_depth != 0 ? emx_my_slot : NULL;
-	uint64_t own_overflow = emx_depth != 0 && emx_my_slot == NULL;
 	unsigned i;
 
 	emx_barrier_all_threads();
@@ -202,40 +149,14 @@ static void emx_wait_for_sections(void)
 		uint64_t seq = __atomic_load_n(&emx_slots[i].seq,
 					       __ATOMIC_ACQUIRE);
 
-		if ((seq & 1) == 0 || &emx_slots[i] == mine)
+		if ((seq & 1) == 0)
 			continue;
 		while (__atomic_load_n(&emx_slots[i].seq, __ATOMIC_ACQUIRE) ==
 		       seq)
 			rte_pause();
 	}
-	while (__atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) >
-	       own_overflow)
+	while (__atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) != 0)
 		rte_pause();
-}
-
-void emx_wait_for_bursts(void)
-{
-	emx_wait_for_sections();
-}
-
-unsigned emx_mempool_free_unused(struct rte_mempool *mp)
-{
-	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-	unsigned in_use;
-
-	pthread_mutex_lock(&lock);
-	__atomic_store_n(&emx_pools_closing, 1, __ATOMIC_RELAXED);
-	/* (the barrier in the wait orders the flag before the marks' reads) */
-	emx_wait_for_sections();
-	in_use = rte_mempool_in_use_count(mp);
-	/* No mbuf of the pool is out and none can be got (its last handle is
-	 * gone), so nothing will touch it again; sections still wait, so no
-	 * cache flush walks to it before it leaves the pool list. */
-	if (in_use == 0)
-		rte_mempool_free(mp);
-	__atomic_store_n(&emx_pools_closing, 0, __ATOMIC_RELEASE);
-	pthread_mutex_unlock(&lock);
-	return in_use;
 }
 
 int munmap(void *addr, size_t len)
@@ -291,21 +212,7 @@ int rte_pktmbuf_alloc_bulk_(struct rte_mempool *mp, struct rte_mbuf **mbufs,
 	return rte_pktmbuf_alloc_bulk(mp, mbufs, count);
 }
 
-void rte_pktmbuf_free_(struct rte_mbuf *m)
-{
-	struct emx_burst_slot *s = emx_burst_enter();
-
-	rte_pktmbuf_free(m);
-	emx_burst_leave(s);
-}
-
-void rte_pktmbuf_free_bulk_(struct rte_mbuf **mbufs, unsigned count)
-{
-	struct emx_burst_slot *s = emx_burst_enter();
-
-	rte_pktmbuf_free_bulk(mbufs, count);
-	emx_burst_leave(s);
-}
+void rte_pktmbuf_free_(struct rte_mbuf *m) { rte_pktmbuf_free(m); }
 
 char *rte_pktmbuf_append_(struct rte_mbuf *m, uint16_t len)
 {
@@ -382,10 +289,7 @@ static void flush_one(struct rte_mempool *mp, void *arg)
 
 void emx_flush_mempool_caches(void)
 {
-	struct emx_burst_slot *s = emx_burst_enter();
-
 	rte_mempool_walk(flush_one, NULL);
-	emx_burst_leave(s);
 }
 
 /*

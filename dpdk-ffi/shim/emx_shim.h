@@ -36,13 +36,11 @@ uint16_t rte_eth_rx_burst_(uint16_t port_id, uint16_t queue_id,
 uint16_t rte_eth_tx_burst_(uint16_t port_id, uint16_t queue_id,
 			   struct rte_mbuf **tx_pkts, uint16_t nb_pkts);
 
-/* Packet mbufs. The frees are marked sections too, for a mempool's free (see
- * emx_mempool_free_unused). */
+/* Packet mbufs. */
 struct rte_mbuf *rte_pktmbuf_alloc_(struct rte_mempool *mp);
 int rte_pktmbuf_alloc_bulk_(struct rte_mempool *mp, struct rte_mbuf **mbufs,
 			    unsigned count);
 void rte_pktmbuf_free_(struct rte_mbuf *m);
-void rte_pktmbuf_free_bulk_(struct rte_mbuf **mbufs, unsigned count);
 char *rte_pktmbuf_append_(struct rte_mbuf *m, uint16_t len);
 char *rte_pktmbuf_prepend_(struct rte_mbuf *m, uint16_t len);
 char *rte_pktmbuf_adj_(struct rte_mbuf *m, uint16_t len);
@@ -93,13 +91,5 @@ int emx_unmap_guarded(void);
  * (`inside` 1: enter, 0: leave), for its tests. */
 void emx_wait_for_bursts(void);
 void emx_burst_hold(int inside);
-
-/*
- * Frees `mp` if none of its mbufs is out, counted while no mbuf free or burst
- * runs anywhere in the process (they wait at their start meanwhile). Returns
- * the count: 0 if the pool was freed. The caller must hold the pool's last
- * handle, so that nothing can get an mbuf from it.
- */
-unsigned emx_mempool_free_unused(struct rte_mempool *mp);
 
 #endif

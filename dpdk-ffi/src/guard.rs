@@ -75,40 +75,4 @@ mod tests {
         // SAFETY: as above.
         unsafe { sys::emx_wait_for_bursts() };
     }
-
-    /// A section inside another (a free in a release callback that a burst
-    /// runs) leaves its thread inside the outer one when it ends.
-    #[test]
-    fn nested_sections_end_with_the_outer_one() {
-        let (inner_done, wait_inner_done) = mpsc::channel();
-        let (release, wait_release) = mpsc::channel::<()>();
-        let burst = std::thread::spawn(move || {
-            // SAFETY: marks this thread's slot twice, nested; no burst runs.
-            unsafe {
-                sys::emx_burst_hold(1);
-                sys::emx_burst_hold(1);
-                sys::emx_burst_hold(0);
-            }
-            inner_done.send(()).unwrap();
-            wait_release.recv().unwrap();
-            // SAFETY: the outer leave.
-            unsafe { sys::emx_burst_hold(0) };
-        });
-        wait_inner_done.recv().unwrap();
-        let done = Arc::new(AtomicBool::new(false));
-        let done2 = done.clone();
-        let waiter = std::thread::spawn(move || {
-            // SAFETY: reads the slots and waits; no preconditions.
-            unsafe { sys::emx_wait_for_bursts() };
-            done2.store(true, Ordering::Release);
-        });
-        std::thread::sleep(Duration::from_millis(100));
-        assert!(
-            !done.load(Ordering::Acquire),
-            "the inner section's end ended the outer one"
-        );
-        release.send(()).unwrap();
-        burst.join().unwrap();
-        waiter.join().unwrap();
-    }
 }

@@ -31,11 +31,6 @@ pub fn data_room_for_mtu(mtu: u16) -> u16 {
 /// it is freed when the last clone and every port using it are gone, and only
 /// if no mbuf of it is still out (otherwise it is leaked, never freed under a
 /// live mbuf).
-///
-/// Counting the mbufs out is exact only while nothing gets or puts, so the
-/// last drop holds off every burst and mbuf free in the process (they wait at
-/// their start) while it counts and frees: microseconds, more for a large pool
-/// without hugepages. Drop pools on control paths, not beside a latency test.
 #[derive(Clone)]
 pub struct Mempool(Arc<PoolInner>);
 
@@ -153,13 +148,13 @@ impl Mempool {
 
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        // SAFETY: this is the pool's last handle (ports hold clones), so
-        // nothing can get an mbuf from it; the shim counts the mbufs out while
-        // no free or burst runs anywhere (they wait meanwhile) and frees the
-        // pool only if none is: a count read beside a cache put or flush can
-        // say 0 with an mbuf still out.
-        let in_use = unsafe { sys::emx_mempool_free_unused(self.raw.as_ptr()) };
-        if in_use != 0 {
+        // SAFETY: the pool is alive until freed below.
+        let in_use = unsafe { sys::rte_mempool_in_use_count(self.raw.as_ptr()) };
+        if in_use == 0 {
+            // SAFETY: no mbuf of the pool is out and no port refers to it (ports
+            // hold a clone), so nothing can touch it again.
+            unsafe { sys::rte_mempool_free(self.raw.as_ptr()) };
+        } else {
             LEAKED_POOLS.fetch_add(1, Ordering::AcqRel);
             eprintln!(
                 "dpdk-ffi: mempool `{}` dropped with {in_use} mbufs still out (frames not freed, or \
