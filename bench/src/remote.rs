@@ -16,6 +16,7 @@
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -277,9 +278,17 @@ fn accept_clients(
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut n = 0u64;
+        let waiting = Arc::new(AtomicUsize::new(0));
         loop {
             let (stream, peer) = match listener.accept() {
                 Ok(c) => c,
+                Err(e) if accept_error_passes(&e) => {
+                    // Out of descriptors or memory for a moment, or a client
+                    // that gave up: the server goes on.
+                    eprintln!("emx-bench: cannot take a client on {listen} now: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
                 Err(e) => {
                     let _ = tx.send(Err(format!("cannot take a client on {listen}: {e}")));
                     return;
@@ -300,10 +309,18 @@ fn accept_clients(
                         return;
                     }
                 }
+                Some(other) if waiting.load(Ordering::Acquire) >= MAX_WAITING => {
+                    // Enough wait already: no thread (and no grace) for more.
+                    refuse(n, peer, &stream, other);
+                }
                 Some(_) => {
                     // Off this thread, which goes on taking connections.
-                    let (serving, tx) = (serving.clone(), tx.clone());
-                    std::thread::spawn(move || wait_or_refuse(n, peer, stream, &serving, &tx));
+                    let (serving, tx, waiting) = (serving.clone(), tx.clone(), waiting.clone());
+                    waiting.fetch_add(1, Ordering::AcqRel);
+                    std::thread::spawn(move || {
+                        wait_or_refuse(n, peer, stream, &serving, &tx);
+                        waiting.fetch_sub(1, Ordering::AcqRel);
+                    });
                 }
             }
         }
@@ -333,6 +350,11 @@ fn wait_or_refuse(n: u64, peer: SocketAddr, stream: TcpStream, serving: &Serving
         }
         std::thread::sleep(Duration::from_millis(10));
     };
+    refuse(n, peer, &stream, other);
+}
+
+/// Tells a client that the server is busy with client `other`.
+fn refuse(n: u64, peer: SocketAddr, stream: &TcpStream, other: (u64, SocketAddr)) {
     eprintln!(
         "emx-bench: client {n} ({peer}) refused: busy with client {}",
         other.0
@@ -341,8 +363,36 @@ fn wait_or_refuse(n: u64, peer: SocketAddr, stream: TcpStream, serving: &Serving
         "busy with another client ({}); try again when its run ends",
         other.1
     );
-    let _ = send_answer(&mut &stream, &Answer::Failed(why));
+    // (a fresh connection's send buffer takes the line without waiting)
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    let _ = send_answer(&mut &*stream, &Answer::Failed(why));
 }
+
+/// Whether the acceptor goes on after `accept` failed with `e`: the process
+/// or system ran out of descriptors or memory for now, or a connection was
+/// aborted before it was taken. Anything else (the socket itself broken)
+/// ends it.
+fn accept_error_passes(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    matches!(
+        e.kind(),
+        ErrorKind::ConnectionAborted | ErrorKind::Interrupted | ErrorKind::WouldBlock
+    ) || e.raw_os_error().is_some_and(|c| {
+        [
+            Errno::EMFILE,
+            Errno::ENFILE,
+            Errno::ENOBUFS,
+            Errno::ENOMEM,
+            Errno::EPROTO,
+            Errno::EPERM,
+        ]
+        .contains(&Errno::from_raw(c))
+    })
+}
+
+/// Clients that wait (up to [`GRACE`]) for the one being served, each on a
+/// thread; more are refused at once.
+const MAX_WAITING: usize = 8;
 
 /// How long a client that comes while another is served waits for the
 /// server before it is refused.
@@ -605,5 +655,49 @@ mod tests {
         );
         drop(r);
         drip.join().unwrap();
+    }
+
+    /// While a client is served, [`MAX_WAITING`] later ones wait their
+    /// grace, each on a thread; the ones after them are refused at once,
+    /// with no thread of their own.
+    #[test]
+    fn clients_beyond_the_waiting_ones_are_refused_at_once() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = l.local_addr().unwrap();
+        let serving: Serving = Arc::new(Mutex::new(Some((0, at))));
+        let _clients = accept_clients(l, at.to_string(), serving);
+        let conns: Vec<TcpStream> = (0..MAX_WAITING + 2)
+            .map(|_| {
+                let c = TcpStream::connect(at).unwrap();
+                c.set_read_timeout(Some(Duration::from_millis(1000)))
+                    .unwrap();
+                c
+            })
+            .collect();
+        let answer = |c: &TcpStream| {
+            let mut line = String::new();
+            BufReader::new(c).read_line(&mut line).map(|_| line)
+        };
+        let start = Instant::now();
+        for c in &conns[MAX_WAITING..] {
+            let a = answer(c).expect("refused at once");
+            assert!(a.contains("busy with another client"), "{a}");
+        }
+        assert!(start.elapsed() < GRACE / 2, "{:?}", start.elapsed());
+        let e = answer(&conns[0]).expect_err("a waiting client is answered after its grace");
+        assert!(
+            matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_acceptor_outlives_a_lack_of_descriptors() {
+        use nix::errno::Errno;
+        let e = |c: Errno| std::io::Error::from_raw_os_error(c as i32);
+        assert!(accept_error_passes(&e(Errno::EMFILE)));
+        assert!(accept_error_passes(&e(Errno::ECONNABORTED)));
+        assert!(!accept_error_passes(&e(Errno::EBADF)));
+        assert!(!accept_error_passes(&e(Errno::EINVAL)));
     }
 }
