@@ -57,6 +57,9 @@ static struct emx_burst_slot emx_slots[EMX_BURST_SLOTS];
 static uint64_t emx_overflow_inside;
 static __thread struct emx_burst_slot *emx_my_slot
 	__attribute__((tls_model("initial-exec")));
+/* How deep this thread is in bursts: one inside another (a burst run from a
+ * release callback that a burst called) leaves the marks to the outer one. */
+static __thread unsigned emx_depth __attribute__((tls_model("initial-exec")));
 static pthread_key_t emx_slot_key;
 static pthread_once_t emx_slot_once = PTHREAD_ONCE_INIT;
 
@@ -95,6 +98,8 @@ static inline struct emx_burst_slot *emx_burst_enter(void)
 {
 	struct emx_burst_slot *s = emx_my_slot;
 
+	if (emx_depth++ != 0)
+		return s;
 	if (unlikely(s == NULL)) {
 		s = emx_slot_claim();
 		if (s == NULL) {
@@ -112,6 +117,8 @@ static inline struct emx_burst_slot *emx_burst_enter(void)
 
 static inline void emx_burst_leave(struct emx_burst_slot *s)
 {
+	if (--emx_depth != 0)
+		return;
 	if (unlikely(s == NULL)) {
 		__atomic_fetch_sub(&emx_overflow_inside, 1, __ATOMIC_SEQ_CST);
 		return;

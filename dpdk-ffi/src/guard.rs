@@ -75,4 +75,56 @@ mod tests {
         // SAFETY: as above.
         unsafe { sys::emx_wait_for_bursts() };
     }
+
+    /// A burst inside another (run from a release callback that a burst
+    /// called) leaves its thread inside until the outer one ends. Counted as
+    /// odd and even, the inner one's start made the thread look outside.
+    #[test]
+    fn a_nested_burst_keeps_its_thread_inside() {
+        let (step, wait_step) = mpsc::channel();
+        let (next, wait_next) = mpsc::channel::<()>();
+        let burst = std::thread::spawn(move || {
+            // SAFETY: marks this thread's slot, nested; no burst runs.
+            unsafe {
+                sys::emx_burst_hold(1);
+                sys::emx_burst_hold(1);
+            }
+            step.send(()).unwrap();
+            wait_next.recv().unwrap();
+            // SAFETY: the inner leave.
+            unsafe { sys::emx_burst_hold(0) };
+            step.send(()).unwrap();
+            wait_next.recv().unwrap();
+            // SAFETY: the outer leave.
+            unsafe { sys::emx_burst_hold(0) };
+        });
+        let waits = || {
+            let done = Arc::new(AtomicBool::new(false));
+            let done2 = done.clone();
+            let waiter = std::thread::spawn(move || {
+                // SAFETY: reads the slots and waits; no preconditions.
+                unsafe { sys::emx_wait_for_bursts() };
+                done2.store(true, Ordering::Release);
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            (waiter, done)
+        };
+        wait_step.recv().unwrap();
+        let (w1, d1) = waits();
+        assert!(
+            !d1.load(Ordering::Acquire),
+            "the inner start looked like an end"
+        );
+        next.send(()).unwrap();
+        wait_step.recv().unwrap();
+        let (w2, d2) = waits();
+        assert!(
+            !d2.load(Ordering::Acquire),
+            "the inner end ended the outer burst"
+        );
+        next.send(()).unwrap();
+        burst.join().unwrap();
+        w1.join().unwrap();
+        w2.join().unwrap();
+    }
 }
