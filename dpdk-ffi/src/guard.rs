@@ -41,6 +41,20 @@ mod tests {
         );
     }
 
+    /// Starts the guard's wait on a thread of its own and gives it 100 ms:
+    /// the thread, and whether the wait has ended.
+    fn wait_for_bursts_behind() -> (std::thread::JoinHandle<()>, Arc<AtomicBool>) {
+        let done = Arc::new(AtomicBool::new(false));
+        let done2 = done.clone();
+        let waiter = std::thread::spawn(move || {
+            // SAFETY: reads the slots and waits; no preconditions.
+            unsafe { sys::emx_wait_for_bursts() };
+            done2.store(true, Ordering::Release);
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        (waiter, done)
+    }
+
     /// The guard's wait ends only when the burst in progress has ended.
     #[test]
     fn the_wait_outlasts_a_burst_in_progress() {
@@ -55,14 +69,7 @@ mod tests {
             unsafe { sys::emx_burst_hold(0) };
         });
         wait_entered.recv().unwrap();
-        let done = Arc::new(AtomicBool::new(false));
-        let done2 = done.clone();
-        let waiter = std::thread::spawn(move || {
-            // SAFETY: reads the slots and waits; no preconditions.
-            unsafe { sys::emx_wait_for_bursts() };
-            done2.store(true, Ordering::Release);
-        });
-        std::thread::sleep(Duration::from_millis(100));
+        let (waiter, done) = wait_for_bursts_behind();
         assert!(
             !done.load(Ordering::Acquire),
             "the wait ended during a burst"
@@ -98,26 +105,15 @@ mod tests {
             // SAFETY: the outer leave.
             unsafe { sys::emx_burst_hold(0) };
         });
-        let waits = || {
-            let done = Arc::new(AtomicBool::new(false));
-            let done2 = done.clone();
-            let waiter = std::thread::spawn(move || {
-                // SAFETY: reads the slots and waits; no preconditions.
-                unsafe { sys::emx_wait_for_bursts() };
-                done2.store(true, Ordering::Release);
-            });
-            std::thread::sleep(Duration::from_millis(100));
-            (waiter, done)
-        };
         wait_step.recv().unwrap();
-        let (w1, d1) = waits();
+        let (w1, d1) = wait_for_bursts_behind();
         assert!(
             !d1.load(Ordering::Acquire),
             "the inner start looked like an end"
         );
         next.send(()).unwrap();
         wait_step.recv().unwrap();
-        let (w2, d2) = waits();
+        let (w2, d2) = wait_for_bursts_behind();
         assert!(
             !d2.load(Ordering::Acquire),
             "the inner end ended the outer burst"

@@ -355,13 +355,10 @@ fn partition_where_both_sides_gave_up_heals_on_reconnect() {
     transfer(&mut sim, 1, 0, 10, 4);
 }
 
-#[test]
-fn peer_given_up_one_sided_comes_back_when_it_speaks() {
-    let cfg = cfg();
-    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
-    transfer(&mut sim, 0, 1, 1000, 1);
-    // Node 0 waits on node 1 and no longer hears it; node 1 waits on nothing, so it
-    // does not give node 0 up.
+/// Node 0 waits on node 1 and no longer hears it (node 1 still hears node
+/// 0, but waits on nothing, so it does not give node 0 up), until node 0
+/// declares node 1 unreachable.
+fn node_0_gives_node_1_up(sim: &mut TestSim) {
     let now = sim.now();
     sim.core(0)
         .post_recv(now, Some(addr(1)), 9, !0, vec![0; 8], 90)
@@ -373,6 +370,14 @@ fn peer_given_up_one_sided_comes_back_when_it_speaks() {
         !failed.is_empty()
     });
     assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+}
+
+#[test]
+fn peer_given_up_one_sided_comes_back_when_it_speaks() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 1000, 1);
+    node_0_gives_node_1_up(&mut sim);
     assert!(!sim.core_ref(1).peer_info(PeerId(0)).unwrap().dead);
     sim.set_blocked(1, 0, false);
     // Node 1 sends in its old session: node 0 refuses it and answers with its new
@@ -421,18 +426,7 @@ fn a_message_kept_from_a_dead_peer_does_not_revive_it() {
         .unwrap();
     sim.run_until(now + Duration::from_millis(1), |_| false);
     assert!(drain(&mut sim).iter().any(|(k, _)| *k == 1), "acknowledged");
-    // Node 0 waits on node 1, stops hearing it and gives it up.
-    let now = sim.now();
-    sim.core(0)
-        .post_recv(now, Some(addr(1)), 9, !0, vec![0; 8], 90)
-        .unwrap();
-    sim.set_blocked(1, 0, true);
-    let mut failed = Vec::new();
-    sim.run_until(now + Duration::from_secs(1), |sim| {
-        failed.extend(drain(sim));
-        !failed.is_empty()
-    });
-    assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+    node_0_gives_node_1_up(&mut sim);
     sim.set_blocked(1, 0, false);
     let sent_before = sim.core_ref(0).peer_stats(PeerId(0)).unwrap().frames_sent;
     let now = sim.now();
