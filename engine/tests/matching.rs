@@ -293,6 +293,27 @@ fn unexpected_store_is_bounded_and_senders_wait_on_credits() {
     assert!(sim.core_ref(2).stats().unexpected_high_water <= bound);
 }
 
+/// Two nodes at MTU 9000 with 64 KiB of credit per peer: about 15 eager
+/// messages of 4000 bytes.
+fn small_credit() -> CoreConfig {
+    CoreConfig {
+        mtu: 9000,
+        max_peers: 4,
+        unexpected_bytes: 4 * 64 * 1024,
+        eager_threshold: 16 * 1024,
+        ..CoreConfig::default()
+    }
+}
+
+/// A link of 5 us each way and no bandwidth limit.
+fn near_link() -> LinkConfig {
+    LinkConfig {
+        latency: Duration::from_micros(5),
+        bandwidth_bps: 0,
+        ..LinkConfig::default()
+    }
+}
+
 /// A stream of eager messages into posted receives is held only by the link, not by
 /// the receiver's delayed ack: a receiver gives the credit of a message that matched
 /// on arrival back at once when half the sender's credit has come back. (Before, the
@@ -303,26 +324,16 @@ fn matched_messages_give_their_credit_back_without_waiting_for_the_delayed_ack()
     const N: u64 = 160;
     const LEN: usize = 4000;
     let cfg = CoreConfig {
-        mtu: 9000,
-        max_peers: 4,
-        // 64 KiB of credit per peer: about 15 messages of 4000 bytes.
-        unexpected_bytes: 4 * 64 * 1024,
-        eager_threshold: 16 * 1024,
         // Delayed acks that would hold each credit's worth back 150 us.
         ack_delay: Duration::from_micros(150),
         ack_every: 64,
-        ..CoreConfig::default()
+        ..small_credit()
     };
     assert!(
         (cfg.peer_credit() / emx::proto::matching::eager_charge(LEN as u64)) < N / 8,
         "the stream needs the credit back several times"
     );
-    let link = LinkConfig {
-        latency: Duration::from_micros(5),
-        bandwidth_bps: 0,
-        ..LinkConfig::default()
-    };
-    let mut sim = make_sim(2, link, &cfg);
+    let mut sim = make_sim(2, near_link(), &cfg);
     let now = sim.now();
     for i in 0..N {
         sim.core(1)
@@ -362,19 +373,8 @@ fn matched_messages_give_their_credit_back_without_waiting_for_the_delayed_ack()
 fn a_sender_stalled_on_credit_backs_off_its_probes() {
     const N: u64 = 40;
     const LEN: usize = 4000;
-    let cfg = CoreConfig {
-        mtu: 9000,
-        max_peers: 4,
-        unexpected_bytes: 4 * 64 * 1024,
-        eager_threshold: 16 * 1024,
-        ..CoreConfig::default()
-    };
-    let link = LinkConfig {
-        latency: Duration::from_micros(5),
-        bandwidth_bps: 0,
-        ..LinkConfig::default()
-    };
-    let mut sim = make_sim(2, link, &cfg);
+    let cfg = small_credit();
+    let mut sim = make_sim(2, near_link(), &cfg);
     let now = sim.now();
     for i in 0..N {
         sim.core(0)
