@@ -295,15 +295,7 @@ fn accept_clients(
                 }
             };
             n += 1;
-            let busy = {
-                let mut s = serving.lock().unwrap_or_else(|e| e.into_inner());
-                let busy = *s;
-                if busy.is_none() {
-                    *s = Some((n, peer));
-                }
-                busy
-            };
-            match busy {
+            match take_or_busy(&serving, n, peer) {
                 None => {
                     if tx.send(Ok((n, peer, stream))).is_err() {
                         return;
@@ -335,22 +327,28 @@ fn accept_clients(
 fn wait_or_refuse(n: u64, peer: SocketAddr, stream: TcpStream, serving: &Serving, tx: &Clients) {
     let t = Instant::now();
     let other = loop {
-        {
-            let mut s = serving.lock().unwrap_or_else(|e| e.into_inner());
-            match *s {
-                None => {
-                    *s = Some((n, peer));
-                    drop(s);
-                    let _ = tx.send(Ok((n, peer, stream)));
-                    return;
-                }
-                Some(other) if t.elapsed() >= GRACE => break other,
-                Some(_) => {}
+        match take_or_busy(serving, n, peer) {
+            None => {
+                let _ = tx.send(Ok((n, peer, stream)));
+                return;
             }
+            Some(other) if t.elapsed() >= GRACE => break other,
+            Some(_) => {}
         }
         std::thread::sleep(Duration::from_millis(10));
     };
     refuse(n, peer, &stream, other);
+}
+
+/// Marks client `n` as the one served if the server is free (`None`);
+/// otherwise the client being served.
+fn take_or_busy(serving: &Serving, n: u64, peer: SocketAddr) -> Option<(u64, SocketAddr)> {
+    let mut s = serving.lock().unwrap_or_else(|e| e.into_inner());
+    let busy = *s;
+    if busy.is_none() {
+        *s = Some((n, peer));
+    }
+    busy
 }
 
 /// Tells a client that the server is busy with client `other`.
