@@ -1,12 +1,17 @@
 #include <dlfcn.h>
+#include <errno.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <rte_alarm.h>
 #include <rte_interrupts.h>
 #include <rte_log.h>
 #include <rte_pause.h>
@@ -176,6 +181,192 @@ int munmap(void *addr, size_t len)
 int emx_unmap_guarded(void)
 {
 	return dlsym(RTLD_DEFAULT, "munmap") == (void *)munmap;
+}
+
+/*
+ * Holding the interrupt thread.
+ *
+ * DPDK 22.11's memif driver keeps its control channels, and each socket's
+ * list of interfaces, in state that two threads edit without a common lock:
+ * the EAL interrupt thread, which runs memif's message handlers (a peer's
+ * hello, init, disconnect), and whichever thread probes, stops, closes or
+ * removes a memif port. When one port of an in-process pair stops, its
+ * disconnect message reaches the other on the interrupt thread, and stopping
+ * that other port at the same moment frees its control channel under the
+ * running handler ("EAL: Error: Invalid memory" from rte_free, then SIGSEGV
+ * on the interrupt thread: about one run in fifty of the two-thread port test
+ * when it was only waited out).
+ *
+ * The interrupt thread runs its handlers and alarms one at a time. So a
+ * thread that is about to edit that state sets an alarm whose callback parks
+ * the interrupt thread until it is released: once parked, no memif handler
+ * is running, and none starts before the release.
+ */
+
+enum { EMX_HOLD_ASKED, EMX_HOLD_PARKED, EMX_HOLD_RELEASED, EMX_HOLD_ABANDONED };
+
+struct emx_intr_hold {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int state;
+	/* The asker and the alarm each hold a reference; the last frees it. */
+	int refs;
+};
+
+/* Drops a reference with the lock held, and unlocks; frees on the last. */
+static void emx_hold_put(struct emx_intr_hold *h)
+{
+	int last = --h->refs == 0;
+
+	pthread_mutex_unlock(&h->lock);
+	if (last) {
+		pthread_cond_destroy(&h->cond);
+		pthread_mutex_destroy(&h->lock);
+		free(h);
+	}
+}
+
+/* The alarm: parks the interrupt thread until the asker releases it. */
+static void emx_intr_park(void *arg)
+{
+	struct emx_intr_hold *h = arg;
+
+	pthread_mutex_lock(&h->lock);
+	if (h->state == EMX_HOLD_ASKED) {
+		h->state = EMX_HOLD_PARKED;
+		pthread_cond_broadcast(&h->cond);
+		while (h->state == EMX_HOLD_PARKED)
+			pthread_cond_wait(&h->cond, &h->lock);
+	}
+	emx_hold_put(h);
+}
+
+int emx_intr_hold(unsigned timeout_ms, struct emx_intr_hold **out)
+{
+	struct emx_intr_hold *h;
+	pthread_condattr_t attr;
+	struct timespec deadline;
+	int ret = 0;
+
+	*out = NULL;
+	/* On the interrupt thread itself no handler can be running. */
+	if (rte_thread_is_intr())
+		return 1;
+	h = calloc(1, sizeof(*h));
+	if (h == NULL)
+		return -ENOMEM;
+	pthread_mutex_init(&h->lock, NULL);
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(&h->cond, &attr);
+	pthread_condattr_destroy(&attr);
+	h->state = EMX_HOLD_ASKED;
+	h->refs = 2;
+	ret = rte_eal_alarm_set(1, emx_intr_park, h);
+	pthread_mutex_lock(&h->lock);
+	if (ret != 0) {
+		/* No alarm: this side's reference is the only one. */
+		h->refs = 1;
+		emx_hold_put(h);
+		return ret < 0 ? ret : -ret;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &deadline);
+	deadline.tv_sec += timeout_ms / 1000;
+	deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (deadline.tv_nsec >= 1000000000L) {
+		deadline.tv_sec++;
+		deadline.tv_nsec -= 1000000000L;
+	}
+	while (h->state == EMX_HOLD_ASKED &&
+	       pthread_cond_timedwait(&h->cond, &h->lock, &deadline) != ETIMEDOUT)
+		;
+	if (h->state != EMX_HOLD_PARKED) {
+		/* The alarm, when it runs, finds it abandoned and returns. */
+		h->state = EMX_HOLD_ABANDONED;
+		emx_hold_put(h);
+		return -ETIMEDOUT;
+	}
+	pthread_mutex_unlock(&h->lock);
+	*out = h;
+	return 0;
+}
+
+void emx_intr_release(struct emx_intr_hold *h)
+{
+	if (h == NULL)
+		return;
+	pthread_mutex_lock(&h->lock);
+	h->state = EMX_HOLD_RELEASED;
+	pthread_cond_broadcast(&h->cond);
+	emx_hold_put(h);
+}
+
+/*
+ * The interrupt thread at EAL cleanup.
+ *
+ * DPDK 22.11's rte_eal_cleanup unmaps the EAL's memory while the interrupt
+ * thread still runs, and that thread reads interrupt handles kept there
+ * whenever it wakes: to rebuild its wait list after a source is unregistered
+ * (cleanup unregisters the alarm source itself), or for a late event. Waking
+ * during the unmap, it died of SIGSEGV (one run in fifteen of the two-thread
+ * port test). Before cleanup, emx parks it for good in a callback of its own:
+ * it has then finished every handler before, with the unregistrations they
+ * left pending, and never touches DPDK memory again. The source is not an
+ * alarm, because cleanup waits for the alarm source to go idle.
+ */
+
+static pthread_mutex_t emx_final_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t emx_final_cond = PTHREAD_COND_INITIALIZER;
+static int emx_final_parked;
+
+static void emx_intr_park_for_good(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&emx_final_lock);
+	emx_final_parked = 1;
+	pthread_cond_broadcast(&emx_final_cond);
+	for (;;)
+		pthread_cond_wait(&emx_final_cond, &emx_final_lock);
+}
+
+int emx_intr_stop(unsigned timeout_ms)
+{
+	struct rte_intr_handle *handle;
+	struct timespec deadline;
+	uint64_t one = 1;
+	int fd, ret = 0;
+
+	if (rte_thread_is_intr())
+		return -EDEADLK;
+	/* The handle, its fd and the EAL's copies of them are in libc memory
+	 * (a private instance), and live as long as the process. */
+	fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (fd < 0)
+		return -errno;
+	handle = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
+	if (handle == NULL || rte_intr_fd_set(handle, fd) != 0 ||
+	    rte_intr_type_set(handle, RTE_INTR_HANDLE_EXT) != 0 ||
+	    rte_intr_callback_register(handle, emx_intr_park_for_good, NULL) != 0) {
+		rte_intr_instance_free(handle);
+		close(fd);
+		return -EINVAL;
+	}
+	if (write(fd, &one, sizeof(one)) != sizeof(one))
+		return -errno;
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += timeout_ms / 1000;
+	deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (deadline.tv_nsec >= 1000000000L) {
+		deadline.tv_sec++;
+		deadline.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&emx_final_lock);
+	while (!emx_final_parked && ret != ETIMEDOUT)
+		ret = pthread_cond_timedwait(&emx_final_cond, &emx_final_lock,
+					     &deadline);
+	ret = emx_final_parked ? 0 : -ETIMEDOUT;
+	pthread_mutex_unlock(&emx_final_lock);
+	return ret;
 }
 
 static __thread struct emx_burst_slot *emx_held;

@@ -87,6 +87,26 @@ uint64_t rte_rdtsc_(void);
  */
 int emx_unmap_guarded(void);
 
+/*
+ * Parks the EAL interrupt thread in an alarm callback, so that no driver
+ * handler runs there until emx_intr_release(*out) (see emx_shim.c): 0 with
+ * *out set once it is parked; 1 with *out NULL when called on the interrupt
+ * thread itself, where nothing else runs; a negative errno with *out NULL when
+ * no alarm could be set, or -ETIMEDOUT when the thread did not park within
+ * `timeout_ms`.
+ */
+struct emx_intr_hold;
+int emx_intr_hold(unsigned timeout_ms, struct emx_intr_hold **out);
+void emx_intr_release(struct emx_intr_hold *hold);
+
+/*
+ * Parks the EAL interrupt thread for good, before rte_eal_cleanup (see
+ * emx_shim.c): 0 once parked; -EDEADLK on the interrupt thread itself;
+ * -ETIMEDOUT if it did not park within `timeout_ms` (it may still, later);
+ * another negative errno if no interrupt source could be set up.
+ */
+int emx_intr_stop(unsigned timeout_ms);
+
 /* What the guard's munmap waits with, and a burst's marks without the burst
  * (`inside` 1: enter, 0: leave), for its tests. */
 void emx_wait_for_bursts(void);

@@ -327,13 +327,23 @@ impl Drop for EalInner {
             // Leaked mbufs may still be read: keep their memory mapped.
             return;
         }
-        // DPDK 22.11's rte_eal_cleanup frees interrupt handles and memory while
-        // its interrupt thread still runs, and drivers such as memif unregister
-        // their interrupt sources lazily (rte_intr_callback_unregister_pending,
-        // processed by that thread later): cleaning up at once after a port is
-        // removed crashes the interrupt thread (seen here 3 times in 12 runs).
-        // Give it time to process the pending unregistrations first.
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        // DPDK 22.11's rte_eal_cleanup unmaps memory that its interrupt
+        // thread, still running, reads when it wakes (cleanup itself wakes
+        // it): park that thread for good first (see the C shim). It has then
+        // run every handler due, with the unregistrations that drivers such
+        // as memif leave pending.
+        // SAFETY: the EAL is running; no preconditions beyond it.
+        let parked = unsafe { sys::emx_intr_stop(5_000) };
+        if parked != 0 {
+            // The thread is stuck, or this is it: leave the memory mapped.
+            eprintln!(
+                "emx: warning: the EAL interrupt thread could not be stopped ({}); \
+                 DPDK's memory stays mapped until the process exits",
+                std::io::Error::from_raw_os_error(-parked)
+            );
+            STATE.store(STOPPED, Ordering::Release);
+            return;
+        }
         // SAFETY: this is the last handle: every port, mempool and region holds
         // one, so all of them are closed and freed by now.
         unsafe { sys::rte_eal_cleanup() };

@@ -137,7 +137,7 @@ impl Port {
         cfg: &PortConfig,
         pool: &Mempool,
     ) -> Result<Port> {
-        let _control = crate::control::control();
+        let control = crate::control::control();
         let name = devargs.split(',').next().unwrap_or_default().trim();
         let sized;
         let devargs = match memif_sizing(name, devargs, cfg.mtu)? {
@@ -157,8 +157,13 @@ impl Port {
         let existing = port_by_name(name);
         let ret = match existing {
             Some(_) => -libc::EEXIST,
-            // SAFETY: a valid NUL-terminated string; the EAL is running.
-            None => unsafe { sys::rte_dev_probe(cdev.as_ptr()) },
+            None => {
+                // A memif probe adds to its socket's interface list, which
+                // memif's handlers on the interrupt thread walk.
+                let _held = is_memif(name).then(|| crate::control::hold_interrupts(&control));
+                // SAFETY: a valid NUL-terminated string; the EAL is running.
+                unsafe { sys::rte_dev_probe(cdev.as_ptr()) }
+            }
         };
         let created = match ret {
             0 => true,
@@ -500,41 +505,12 @@ impl Drop for Claim {
     }
 }
 
-/// When a memif port of this process was last stopped (ns since START), or 0.
-static MEMIF_STOPPED_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-
-impl PortInner {
-    /// Both ends of a memif pair in one process: stopping one sends a
-    /// disconnect that DPDK 22.11's interrupt thread handles for the other.
-    /// Stopping that other port while its handler runs makes memif free its
-    /// control channel twice ("EAL: Error: Invalid memory" from rte_free, seen
-    /// in 2 of 3 runs here). If a sibling memif port was stopped moments ago,
-    /// wait (bounded) for this port's link to go down and the handler to
-    /// finish before stopping it.
-    fn settle_memif_disconnect(&self) {
-        if !self.name.starts_with("net_memif") {
-            return;
-        }
-        let start = START.get_or_init(Instant::now);
-        let last = MEMIF_STOPPED_AT.load(Ordering::Acquire);
-        let recent = last != 0 && start.elapsed().as_nanos() as u64 - last < 1_000_000_000;
-        if recent {
-            let t0 = Instant::now();
-            while link_status(self.id).up && t0.elapsed() < Duration::from_millis(50) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            // memif marks the link down early in its disconnect handling, before it
-            // frees the control channel: leave the handler time to finish.
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 impl Drop for PortInner {
     fn drop(&mut self) {
-        let _control = crate::control::control();
-        self.settle_memif_disconnect();
+        let control = crate::control::control();
+        // memif's stop and close free what its handlers on the interrupt
+        // thread use (the peer's disconnect may be in progress).
+        let _held = is_memif(&self.name).then(|| crate::control::hold_interrupts(&control));
         // SAFETY: no queue handle is left (each holds an Arc of this), so no
         // thread is in rx/tx burst; stop before close, close before remove.
         unsafe {
@@ -545,13 +521,6 @@ impl Drop for PortInner {
             }
         }
         drop(self.claim.take());
-        if self.name.starts_with("net_memif") {
-            let start = START.get_or_init(Instant::now);
-            MEMIF_STOPPED_AT.store(
-                (start.elapsed().as_nanos() as u64).max(1),
-                Ordering::Release,
-            );
-        }
     }
 }
 
@@ -804,6 +773,12 @@ fn chains_long_frames(info: &sys::rte_eth_dev_info) -> bool {
     // SAFETY: a non-null driver name from rte_eth_dev_info_get is a static
     // NUL-terminated string of the driver.
     unsafe { CStr::from_ptr(info.driver_name) }.to_bytes() == b"net_memif"
+}
+
+/// Whether device `name` is a memif port (`net_memif0`, ...): the vdev bus
+/// gives a device to the driver whose name starts it.
+fn is_memif(name: &str) -> bool {
+    name.starts_with("net_memif")
 }
 
 /// `net_memif0` -> `net_memif`: the driver a vdev name asks for.
