@@ -186,89 +186,129 @@ int emx_unmap_guarded(void)
 /*
  * Holding the interrupt thread.
  *
- * DPDK 22.11's memif driver keeps its control channels, and each socket's
- * list of interfaces, in state that two threads edit without a common lock:
- * the EAL interrupt thread, which runs memif's message handlers (a peer's
- * hello, init, disconnect), and whichever thread probes, stops, closes or
- * removes a memif port. When one port of an in-process pair stops, its
- * disconnect message reaches the other on the interrupt thread, and stopping
- * that other port at the same moment frees its control channel under the
- * running handler ("EAL: Error: Invalid memory" from rte_free, then SIGSEGV
- * on the interrupt thread: about one run in fifty of the two-thread port test
- * when it was only waited out).
+ * DPDK 22.11's memif driver keeps its control channels, its regions and each
+ * socket's list of interfaces in state that two threads edit without a common
+ * lock: the EAL interrupt thread, which runs memif's message handlers (a
+ * peer's hello, init, disconnect), and whichever thread probes, stops, closes
+ * or removes a memif port. When one port of an in-process pair stops, its
+ * disconnect reaches the other on the interrupt thread, and stopping that
+ * other port at the same moment corrupted memif's state ("EAL: Error: Invalid
+ * memory" from rte_free, then SIGSEGV on the interrupt thread).
  *
- * The interrupt thread runs its handlers and alarms one at a time. So a
- * thread that is about to edit that state sets an alarm whose callback parks
- * the interrupt thread until it is released: once parked, no memif handler
- * is running, and none starts before the release.
+ * The interrupt thread runs its handlers one at a time. So a thread about to
+ * edit that state wakes a source of emx's own (an eventfd) whose callback
+ * parks the interrupt thread until it is released: once parked, no handler
+ * is running, and none starts before the release. The release then waits for
+ * a second wake-up of the same source, which the thread can only take in a
+ * later round of epoll_wait: the events it had gathered before parking, some
+ * of them for file descriptors closed meanwhile (whose numbers a new socket
+ * may take), are all handled before the releaser goes on.
+ *
+ * DPDK 22.11's rte_eal_cleanup, for its part, unmaps the EAL's memory while
+ * the interrupt thread still runs, and that thread reads interrupt handles
+ * kept there whenever it wakes: to rebuild its wait list after a source is
+ * unregistered (cleanup unregisters the alarm source itself), or for a late
+ * event. So before cleanup emx parks it for good, through the same source.
+ * The source is not an alarm: an alarm callback that parks would make
+ * cleanup, which waits for the alarm source to go idle, wait for ever.
+ *
+ * The source, its handle and the EAL's copies of them are in libc memory (a
+ * private instance), and live as long as the process. Callers take turns
+ * (dpdk-ffi asks under its control lock).
  */
 
-enum { EMX_HOLD_ASKED, EMX_HOLD_PARKED, EMX_HOLD_RELEASED, EMX_HOLD_ABANDONED };
+enum { EMX_ASK_NONE, EMX_ASK_PARK, EMX_ASK_BARRIER, EMX_ASK_STOP };
+enum { EMX_INTR_RUNNING, EMX_INTR_PARKED, EMX_INTR_PASSED, EMX_INTR_STOPPED };
 
-struct emx_intr_hold {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	int state;
-	/* The asker and the alarm each hold a reference; the last frees it. */
-	int refs;
-};
+static pthread_once_t emx_intr_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t emx_intr_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t emx_intr_cond;
+static int emx_intr_fd = -1;
+/* What the asker wants, and where the interrupt thread is; both under
+ * emx_intr_lock. */
+static int emx_intr_ask = EMX_ASK_NONE;
+static int emx_intr_state = EMX_INTR_RUNNING;
 
-/* Drops a reference with the lock held, and unlocks; frees on the last. */
-static void emx_hold_put(struct emx_intr_hold *h)
+static void emx_intr_callback(void *arg)
 {
-	int last = --h->refs == 0;
+	uint64_t n;
 
-	pthread_mutex_unlock(&h->lock);
-	if (last) {
-		pthread_cond_destroy(&h->cond);
-		pthread_mutex_destroy(&h->lock);
-		free(h);
+	(void)arg;
+	/* Level-triggered: take the wake-up, or it comes back at once. */
+	if (read(emx_intr_fd, &n, sizeof(n)) < 0) {
+		/* EAGAIN: an earlier call took it. */
 	}
+	pthread_mutex_lock(&emx_intr_lock);
+	switch (emx_intr_ask) {
+	case EMX_ASK_PARK:
+		emx_intr_state = EMX_INTR_PARKED;
+		pthread_cond_broadcast(&emx_intr_cond);
+		while (emx_intr_ask == EMX_ASK_PARK)
+			pthread_cond_wait(&emx_intr_cond, &emx_intr_lock);
+		emx_intr_state = EMX_INTR_RUNNING;
+		break;
+	case EMX_ASK_BARRIER:
+		emx_intr_ask = EMX_ASK_NONE;
+		emx_intr_state = EMX_INTR_PASSED;
+		pthread_cond_broadcast(&emx_intr_cond);
+		break;
+	case EMX_ASK_STOP:
+		emx_intr_state = EMX_INTR_STOPPED;
+		pthread_cond_broadcast(&emx_intr_cond);
+		for (;;)
+			pthread_cond_wait(&emx_intr_cond, &emx_intr_lock);
+	default:
+		/* An asker that gave up: nothing to do. */
+		break;
+	}
+	pthread_mutex_unlock(&emx_intr_lock);
 }
 
-/* The alarm: parks the interrupt thread until the asker releases it. */
-static void emx_intr_park(void *arg)
-{
-	struct emx_intr_hold *h = arg;
+static int emx_intr_setup_err;
 
-	pthread_mutex_lock(&h->lock);
-	if (h->state == EMX_HOLD_ASKED) {
-		h->state = EMX_HOLD_PARKED;
-		pthread_cond_broadcast(&h->cond);
-		while (h->state == EMX_HOLD_PARKED)
-			pthread_cond_wait(&h->cond, &h->lock);
-	}
-	emx_hold_put(h);
-}
-
-int emx_intr_hold(unsigned timeout_ms, struct emx_intr_hold **out)
+static void emx_intr_setup(void)
 {
-	struct emx_intr_hold *h;
+	struct rte_intr_handle *handle;
 	pthread_condattr_t attr;
-	struct timespec deadline;
-	int ret = 0;
 
-	*out = NULL;
-	/* On the interrupt thread itself no handler can be running. */
-	if (rte_thread_is_intr())
-		return 1;
-	h = calloc(1, sizeof(*h));
-	if (h == NULL)
-		return -ENOMEM;
-	pthread_mutex_init(&h->lock, NULL);
 	pthread_condattr_init(&attr);
 	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-	pthread_cond_init(&h->cond, &attr);
+	pthread_cond_init(&emx_intr_cond, &attr);
 	pthread_condattr_destroy(&attr);
-	h->state = EMX_HOLD_ASKED;
-	h->refs = 2;
-	ret = rte_eal_alarm_set(1, emx_intr_park, h);
-	pthread_mutex_lock(&h->lock);
-	if (ret != 0) {
-		/* No alarm: this side's reference is the only one. */
-		h->refs = 1;
-		emx_hold_put(h);
-		return ret < 0 ? ret : -ret;
+	emx_intr_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (emx_intr_fd < 0) {
+		emx_intr_setup_err = -errno;
+		return;
+	}
+	handle = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
+	if (handle == NULL) {
+		emx_intr_setup_err = -ENOMEM;
+	} else if (rte_intr_fd_set(handle, emx_intr_fd) != 0 ||
+		   rte_intr_type_set(handle, RTE_INTR_HANDLE_EXT) != 0 ||
+		   rte_intr_callback_register(handle, emx_intr_callback,
+					      NULL) != 0) {
+		emx_intr_setup_err = -EINVAL;
+		rte_intr_instance_free(handle);
+	}
+	if (emx_intr_setup_err != 0) {
+		close(emx_intr_fd);
+		emx_intr_fd = -1;
+	}
+}
+
+/* Asks `ask` of the interrupt thread and waits up to `timeout_ms` for it to
+ * reach `state`; with emx_intr_lock held. 0, or -ETIMEDOUT having withdrawn
+ * the request (a late callback then finds nothing to do). */
+static int emx_intr_ask_for(int ask, int state, unsigned timeout_ms)
+{
+	struct timespec deadline;
+	uint64_t one = 1;
+
+	emx_intr_ask = ask;
+	/* A parked thread waits for its request to change. */
+	pthread_cond_broadcast(&emx_intr_cond);
+	if (write(emx_intr_fd, &one, sizeof(one)) != sizeof(one)) {
+		/* Only a counter at its limit refuses, and it is then readable. */
 	}
 	clock_gettime(CLOCK_MONOTONIC, &deadline);
 	deadline.tv_sec += timeout_ms / 1000;
@@ -277,95 +317,61 @@ int emx_intr_hold(unsigned timeout_ms, struct emx_intr_hold **out)
 		deadline.tv_sec++;
 		deadline.tv_nsec -= 1000000000L;
 	}
-	while (h->state == EMX_HOLD_ASKED &&
-	       pthread_cond_timedwait(&h->cond, &h->lock, &deadline) != ETIMEDOUT)
-		;
-	if (h->state != EMX_HOLD_PARKED) {
-		/* The alarm, when it runs, finds it abandoned and returns. */
-		h->state = EMX_HOLD_ABANDONED;
-		emx_hold_put(h);
-		return -ETIMEDOUT;
-	}
-	pthread_mutex_unlock(&h->lock);
-	*out = h;
+	while (emx_intr_state != state)
+		if (pthread_cond_timedwait(&emx_intr_cond, &emx_intr_lock,
+					   &deadline) != 0 &&
+		    emx_intr_state != state) {
+			emx_intr_ask = EMX_ASK_NONE;
+			return -ETIMEDOUT;
+		}
 	return 0;
 }
 
-void emx_intr_release(struct emx_intr_hold *h)
+/* Sets the source up once; 0, -EDEADLK on the interrupt thread itself (where
+ * nothing else runs anyway), or why it could not be. */
+static int emx_intr_ready(void)
 {
-	if (h == NULL)
-		return;
-	pthread_mutex_lock(&h->lock);
-	h->state = EMX_HOLD_RELEASED;
-	pthread_cond_broadcast(&h->cond);
-	emx_hold_put(h);
+	if (rte_thread_is_intr())
+		return -EDEADLK;
+	pthread_once(&emx_intr_once, emx_intr_setup);
+	return emx_intr_setup_err;
 }
 
-/*
- * The interrupt thread at EAL cleanup.
- *
- * DPDK 22.11's rte_eal_cleanup unmaps the EAL's memory while the interrupt
- * thread still runs, and that thread reads interrupt handles kept there
- * whenever it wakes: to rebuild its wait list after a source is unregistered
- * (cleanup unregisters the alarm source itself), or for a late event. Waking
- * during the unmap, it died of SIGSEGV (one run in fifteen of the two-thread
- * port test). Before cleanup, emx parks it for good in a callback of its own:
- * it has then finished every handler before, with the unregistrations they
- * left pending, and never touches DPDK memory again. The source is not an
- * alarm, because cleanup waits for the alarm source to go idle.
- */
-
-static pthread_mutex_t emx_final_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t emx_final_cond = PTHREAD_COND_INITIALIZER;
-static int emx_final_parked;
-
-static void emx_intr_park_for_good(void *arg)
+int emx_intr_hold(unsigned timeout_ms)
 {
-	(void)arg;
-	pthread_mutex_lock(&emx_final_lock);
-	emx_final_parked = 1;
-	pthread_cond_broadcast(&emx_final_cond);
-	for (;;)
-		pthread_cond_wait(&emx_final_cond, &emx_final_lock);
+	int ret = emx_intr_ready();
+
+	if (ret != 0)
+		return ret;
+	pthread_mutex_lock(&emx_intr_lock);
+	ret = emx_intr_ask_for(EMX_ASK_PARK, EMX_INTR_PARKED, timeout_ms);
+	pthread_mutex_unlock(&emx_intr_lock);
+	return ret;
+}
+
+int emx_intr_release(unsigned timeout_ms)
+{
+	int ret;
+
+	pthread_mutex_lock(&emx_intr_lock);
+	/* Ends the park (its loop sees the request change), then waits for the
+	 * thread to come round again. */
+	ret = emx_intr_ask_for(EMX_ASK_BARRIER, EMX_INTR_PASSED, timeout_ms);
+	pthread_cond_broadcast(&emx_intr_cond);
+	emx_intr_state = EMX_INTR_RUNNING;
+	pthread_mutex_unlock(&emx_intr_lock);
+	return ret;
 }
 
 int emx_intr_stop(unsigned timeout_ms)
 {
-	struct rte_intr_handle *handle;
-	struct timespec deadline;
-	uint64_t one = 1;
-	int fd, ret = 0;
+	int ret = emx_intr_ready();
 
-	if (rte_thread_is_intr())
-		return -EDEADLK;
-	/* The handle, its fd and the EAL's copies of them are in libc memory
-	 * (a private instance), and live as long as the process. */
-	fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (fd < 0)
-		return -errno;
-	handle = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
-	if (handle == NULL || rte_intr_fd_set(handle, fd) != 0 ||
-	    rte_intr_type_set(handle, RTE_INTR_HANDLE_EXT) != 0 ||
-	    rte_intr_callback_register(handle, emx_intr_park_for_good, NULL) != 0) {
-		rte_intr_instance_free(handle);
-		close(fd);
-		return -EINVAL;
-	}
-	if (write(fd, &one, sizeof(one)) != sizeof(one))
-		return -errno;
-	clock_gettime(CLOCK_REALTIME, &deadline);
-	deadline.tv_sec += timeout_ms / 1000;
-	deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (deadline.tv_nsec >= 1000000000L) {
-		deadline.tv_sec++;
-		deadline.tv_nsec -= 1000000000L;
-	}
-	pthread_mutex_lock(&emx_final_lock);
-	while (!emx_final_parked && ret != ETIMEDOUT)
-		ret = pthread_cond_timedwait(&emx_final_cond, &emx_final_lock,
-					     &deadline);
-	ret = emx_final_parked ? 0 : -ETIMEDOUT;
-	pthread_mutex_unlock(&emx_final_lock);
+	if (ret != 0)
+		return ret;
+	pthread_mutex_lock(&emx_intr_lock);
+	ret = emx_intr_ask_for(EMX_ASK_STOP, EMX_INTR_STOPPED, timeout_ms);
+	pthread_mutex_unlock(&emx_intr_lock);
 	return ret;
 }
 

@@ -88,23 +88,18 @@ uint64_t rte_rdtsc_(void);
 int emx_unmap_guarded(void);
 
 /*
- * Parks the EAL interrupt thread in an alarm callback, so that no driver
- * handler runs there until emx_intr_release(*out) (see emx_shim.c): 0 with
- * *out set once it is parked; 1 with *out NULL when called on the interrupt
- * thread itself, where nothing else runs; a negative errno with *out NULL when
- * no alarm could be set, or -ETIMEDOUT when the thread did not park within
- * `timeout_ms`.
+ * The EAL interrupt thread, held still (see emx_shim.c). Callers take turns.
+ * emx_intr_hold parks it in a callback of emx's own, so that no driver
+ * handler runs until emx_intr_release, which also waits for it to finish the
+ * events it had gathered before parking. emx_intr_stop parks it for good,
+ * before rte_eal_cleanup. Each returns 0, or -ETIMEDOUT when the thread did
+ * not get there within `timeout_ms` (the request is then withdrawn); hold and
+ * stop return -EDEADLK on the interrupt thread itself (where no other handler
+ * can be running anyway), or a negative errno when emx's source could not be
+ * set up.
  */
-struct emx_intr_hold;
-int emx_intr_hold(unsigned timeout_ms, struct emx_intr_hold **out);
-void emx_intr_release(struct emx_intr_hold *hold);
-
-/*
- * Parks the EAL interrupt thread for good, before rte_eal_cleanup (see
- * emx_shim.c): 0 once parked; -EDEADLK on the interrupt thread itself;
- * -ETIMEDOUT if it did not park within `timeout_ms` (it may still, later);
- * another negative errno if no interrupt source could be set up.
- */
+int emx_intr_hold(unsigned timeout_ms);
+int emx_intr_release(unsigned timeout_ms);
 int emx_intr_stop(unsigned timeout_ms);
 
 /* What the guard's munmap waits with, and a burst's marks without the burst

@@ -330,16 +330,21 @@ impl Drop for EalInner {
         // DPDK 22.11's rte_eal_cleanup unmaps memory that its interrupt
         // thread, still running, reads when it wakes (cleanup itself wakes
         // it): park that thread for good first (see the C shim). It has then
-        // run every handler due, with the unregistrations that drivers such
-        // as memif leave pending.
-        // SAFETY: the EAL is running; no preconditions beyond it.
-        let parked = unsafe { sys::emx_intr_stop(5_000) };
+        // finished every handler it started, with the unregistrations that
+        // drivers such as memif leave pending. Devices still on the EAL's
+        // buses (a NIC no Port closed) are closed by cleanup with the thread
+        // parked: a driver that waits for its interrupt handler there waits
+        // out its own timeout.
+        let control = crate::control::control();
+        // SAFETY: the EAL is running; callers take turns under the control lock.
+        let parked = unsafe { sys::emx_intr_stop(crate::control::INTERRUPT_WAIT_MS) };
+        drop(control);
         if parked != 0 {
             // The thread is stuck, or this is it: leave the memory mapped.
             eprintln!(
-                "emx: warning: the EAL interrupt thread could not be stopped ({}); \
-                 DPDK's memory stays mapped until the process exits",
-                std::io::Error::from_raw_os_error(-parked)
+                "emx: warning: the EAL interrupt thread could not be stopped ({}); DPDK's \
+                 memory stays mapped until the process exits",
+                crate::control::interrupt_wait_error(parked)
             );
             STATE.store(STOPPED, Ordering::Release);
             return;

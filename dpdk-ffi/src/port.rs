@@ -159,7 +159,10 @@ impl Port {
             Some(_) => -libc::EEXIST,
             None => {
                 // A memif probe adds to its socket's interface list, which
-                // memif's handlers on the interrupt thread walk.
+                // memif's handlers on the interrupt thread walk. (Devices
+                // that `rte_eal_init` probes, from `--vdev`, are not held:
+                // no Port exists yet, and the thread has nothing to handle
+                // unless a peer in another process is already connecting.)
                 let _held = is_memif(name).then(|| crate::control::hold_interrupts(&control));
                 // SAFETY: a valid NUL-terminated string; the EAL is running.
                 unsafe { sys::rte_dev_probe(cdev.as_ptr()) }
@@ -326,6 +329,12 @@ impl Port {
             // SAFETY: valid port id.
             let _ = unsafe { sys::rte_eth_promiscuous_enable(id) };
         }
+        // Not under a hold of the interrupt thread (see `hold_interrupts`),
+        // on purpose: memif's handlers reach a port only once it has started
+        // (a server's is disabled until then, a client has no control channel
+        // yet), and a memif client's start connects to its server's socket,
+        // whose connections that thread accepts: with two or more waiting,
+        // connect() blocks until it does.
         // SAFETY: configured port with all queues set up.
         unsafe { sys::rte_eth_dev_start(id) }.check("rte_eth_dev_start")?;
         let mut mac = sys::rte_ether_addr::default();
@@ -508,8 +517,11 @@ impl Drop for Claim {
 impl Drop for PortInner {
     fn drop(&mut self) {
         let control = crate::control::control();
-        // memif's stop and close free what its handlers on the interrupt
-        // thread use (the peer's disconnect may be in progress).
+        // memif's stop, close and remove free what its handlers on the
+        // interrupt thread use (the peer's disconnect may be in progress).
+        // One hold covers all three: memif's stop leaves a server port open
+        // to a peer's init, which a handler run between stop and close would
+        // give a control channel that the close then frees.
         let _held = is_memif(&self.name).then(|| crate::control::hold_interrupts(&control));
         // SAFETY: no queue handle is left (each holds an Arc of this), so no
         // thread is in rx/tx burst; stop before close, close before remove.
