@@ -142,7 +142,7 @@ fn main() {
         .allowlist_function("rte_mempool_free")
         .allowlist_function("rte_mempool_avail_count")
         .allowlist_function("rte_mempool_in_use_count")
-        .allowlist_function("rte_pktmbuf_free_bulk")
+        .allowlist_function("rte_mempool_lookup")
         .allowlist_function("rte_extmem_register")
         .allowlist_function("rte_extmem_unregister")
         .allowlist_function("rte_dev_dma_map")

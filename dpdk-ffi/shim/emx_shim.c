@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -416,7 +417,131 @@ int rte_pktmbuf_alloc_bulk_(struct rte_mempool *mp, struct rte_mbuf **mbufs,
 	return rte_pktmbuf_alloc_bulk(mp, mbufs, count);
 }
 
-void rte_pktmbuf_free_(struct rte_mbuf *m) { rte_pktmbuf_free(m); }
+/*
+ * Mbuf frees, marked as the bursts are.
+ *
+ * A mempool whose last handle goes is freed only if none of its mbufs is out.
+ * The count says so as soon as the last one is back, while the thread that
+ * put it back may still be inside the put (flushing its cache into the
+ * pool's ring, say): freeing the pool then would pull the memory from under
+ * it. So puts mark themselves in their thread's slot, like bursts, and the
+ * pool is counted at a moment when no thread is inside either
+ * (emx_pool_in_use_quiet): a count taken then is exact, and no put of the pool
+ * can begin afterwards, as none of its mbufs is out.
+ *
+ * The marks cover the puts and never the release callback of an external
+ * buffer, which runs code of the buffer's owner (that may drop a pool, take
+ * a lock, or wait): those run outside, between marks. A put inside a burst
+ * (a driver freeing sent frames) is inside the burst's marks already.
+ */
+static inline struct rte_mbuf *emx_prefree_seg(struct rte_mbuf *m,
+					      struct emx_burst_slot **s)
+{
+	if (unlikely(RTE_MBUF_HAS_EXTBUF(m))) {
+		/* The release callback runs outside the marks. */
+		emx_burst_leave(*s);
+		m = rte_pktmbuf_prefree_seg(m);
+		*s = emx_burst_enter();
+		return m;
+	}
+	return rte_pktmbuf_prefree_seg(m);
+}
+
+void rte_pktmbuf_free_(struct rte_mbuf *m)
+{
+	struct emx_burst_slot *s = emx_burst_enter();
+	struct rte_mbuf *next;
+
+	while (m != NULL) {
+		next = m->next;
+		m = emx_prefree_seg(m, &s);
+		if (m != NULL)
+			rte_mbuf_raw_free(m);
+		m = next;
+	}
+	emx_burst_leave(s);
+}
+
+#define EMX_FREE_PENDING 64
+
+void rte_pktmbuf_free_bulk_(struct rte_mbuf **mbufs, unsigned count)
+{
+	struct rte_mbuf *pending[EMX_FREE_PENDING], *m, *next;
+	struct emx_burst_slot *s = emx_burst_enter();
+	unsigned i, n = 0;
+
+	/* DPDK's rte_pktmbuf_free_bulk, with the marks. */
+	for (i = 0; i < count; i++) {
+		for (m = mbufs[i]; m != NULL; m = next) {
+			next = m->next;
+			m = emx_prefree_seg(m, &s);
+			if (m == NULL)
+				continue;
+			if (n == EMX_FREE_PENDING ||
+			    (n > 0 && pending[0]->pool != m->pool)) {
+				rte_mempool_put_bulk(pending[0]->pool,
+						     (void **)pending, n);
+				n = 0;
+			}
+			pending[n++] = m;
+		}
+	}
+	if (n > 0)
+		rte_mempool_put_bulk(pending[0]->pool, (void **)pending, n);
+	emx_burst_leave(s);
+}
+
+int emx_pool_in_use_quiet(struct rte_mempool *mp, unsigned timeout_ms,
+			  unsigned *in_use)
+{
+	uint64_t seen[EMX_BURST_SLOTS];
+	struct timespec now, deadline;
+	unsigned i, count;
+	int busy;
+
+	/* This thread's own marks would never clear. */
+	if (emx_depth != 0)
+		return -EDEADLK;
+	clock_gettime(CLOCK_MONOTONIC, &deadline);
+	deadline.tv_sec += timeout_ms / 1000;
+	deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (deadline.tv_nsec >= 1000000000L) {
+		deadline.tv_sec++;
+		deadline.tv_nsec -= 1000000000L;
+	}
+	for (;;) {
+		/* Every mark set before this is seen, and every put or burst
+		 * that ended before it is seen whole. */
+		emx_barrier_all_threads();
+		busy = __atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) != 0;
+		for (i = 0; i < EMX_BURST_SLOTS; i++) {
+			seen[i] = __atomic_load_n(&emx_slots[i].seq,
+						  __ATOMIC_ACQUIRE);
+			busy |= (int)(seen[i] & 1);
+		}
+		if (!busy) {
+			count = rte_mempool_in_use_count(mp);
+			/* A put or burst that began since, and that the count
+			 * saw part of, has its mark seen after this. */
+			emx_barrier_all_threads();
+			busy = __atomic_load_n(&emx_overflow_inside,
+					       __ATOMIC_ACQUIRE) != 0;
+			for (i = 0; i < EMX_BURST_SLOTS && !busy; i++)
+				busy = __atomic_load_n(&emx_slots[i].seq,
+						       __ATOMIC_ACQUIRE) != seen[i];
+			if (!busy) {
+				*in_use = count;
+				return 0;
+			}
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec > deadline.tv_sec ||
+		    (now.tv_sec == deadline.tv_sec &&
+		     now.tv_nsec >= deadline.tv_nsec))
+			return -EBUSY;
+		sched_yield();
+	}
+}
 
 char *rte_pktmbuf_append_(struct rte_mbuf *m, uint16_t len)
 {
@@ -493,7 +618,11 @@ static void flush_one(struct rte_mempool *mp, void *arg)
 
 void emx_flush_mempool_caches(void)
 {
+	/* Puts into the pools' rings: marked, as frees are. */
+	struct emx_burst_slot *s = emx_burst_enter();
+
 	rte_mempool_walk(flush_one, NULL);
+	emx_burst_leave(s);
 }
 
 /*

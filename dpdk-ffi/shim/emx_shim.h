@@ -41,6 +41,7 @@ struct rte_mbuf *rte_pktmbuf_alloc_(struct rte_mempool *mp);
 int rte_pktmbuf_alloc_bulk_(struct rte_mempool *mp, struct rte_mbuf **mbufs,
 			    unsigned count);
 void rte_pktmbuf_free_(struct rte_mbuf *m);
+void rte_pktmbuf_free_bulk_(struct rte_mbuf **mbufs, unsigned count);
 char *rte_pktmbuf_append_(struct rte_mbuf *m, uint16_t len);
 char *rte_pktmbuf_prepend_(struct rte_mbuf *m, uint16_t len);
 char *rte_pktmbuf_adj_(struct rte_mbuf *m, uint16_t len);
@@ -101,6 +102,15 @@ int emx_unmap_guarded(void);
 int emx_intr_hold(unsigned timeout_ms);
 int emx_intr_release(unsigned timeout_ms);
 int emx_intr_stop(unsigned timeout_ms);
+
+/*
+ * The mbufs of `mp` that are out, counted at a moment when no thread is inside
+ * a burst or an mbuf free (see emx_shim.c), so that the count is exact and no
+ * put into `mp` is in progress: 0 with *in_use set; -EBUSY if no such moment
+ * came within `timeout_ms`; -EDEADLK when called inside a burst or a free.
+ */
+int emx_pool_in_use_quiet(struct rte_mempool *mp, unsigned timeout_ms,
+			  unsigned *in_use);
 
 /* What the guard's munmap waits with, and a burst's marks without the burst
  * (`inside` 1: enter, 0: leave), for its tests. */

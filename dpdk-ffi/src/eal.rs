@@ -323,7 +323,10 @@ impl Eal {
 
 impl Drop for EalInner {
     fn drop(&mut self) {
-        if LEAKED_POOLS.load(Ordering::Acquire) > 0 {
+        // Pools dropped while a put was in progress are freed now, or the
+        // memory stays (the puts may still be running).
+        let reclaimed = crate::mempool::reclaim(1_000);
+        if !reclaimed || LEAKED_POOLS.load(Ordering::Acquire) > 0 {
             // Leaked mbufs may still be read: keep their memory mapped.
             return;
         }

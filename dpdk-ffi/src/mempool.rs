@@ -79,6 +79,8 @@ impl Mempool {
         }
         let cname =
             CString::new(name).map_err(|_| Error::Config("mempool name contains NUL".into()))?;
+        // A pool dropped earlier and still waiting may hold the name.
+        reclaim(RECLAIM_WAIT_MS);
         // SAFETY: a valid name; the EAL is running (we hold a handle); the
         // returned pointer is owned by this handle until freed in Drop.
         let raw = unsafe {
@@ -148,20 +150,75 @@ impl Mempool {
 
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        // SAFETY: the pool is alive until freed below.
-        let in_use = unsafe { sys::rte_mempool_in_use_count(self.raw.as_ptr()) };
+        // Counted and freed once no thread is inside a put (see `reclaim`).
+        RETIRED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Retired {
+                raw: self.raw,
+                name: std::mem::take(&mut self.name),
+            });
+        reclaim(RECLAIM_WAIT_MS);
+    }
+}
+
+/// A pool whose last handle is gone, waiting to be counted and freed.
+struct Retired {
+    raw: NonNull<sys::rte_mempool>,
+    name: String,
+}
+
+// SAFETY: only the pointer travels, to be counted and freed under the lock.
+unsafe impl Send for Retired {}
+
+/// Pools whose last handle went while a put was in progress somewhere.
+static RETIRED: std::sync::Mutex<Vec<Retired>> = std::sync::Mutex::new(Vec::new());
+
+/// How long a pool's drop waits for a moment with no put in progress.
+const RECLAIM_WAIT_MS: u32 = 50;
+
+/// Frees the pools whose last handle is gone and none of whose mbufs is out,
+/// and leaks those with mbufs out (freeing would pull memory from under
+/// them); `true` when none is left waiting.
+///
+/// The count says an mbuf is back as soon as it is, while the thread that put
+/// it back may still be inside the put, using the pool (flushing its cache
+/// into the pool's ring, say), and a put that flushes counts some mbufs twice
+/// for a moment. So the count is taken at a moment when no thread is inside
+/// an mbuf free or a burst (see the C shim), waiting up to `wait_ms` for one.
+/// Then it is exact, and no put into the pool can start after it, as none of
+/// its mbufs is out. The wait is under the control lock, so that no port's
+/// teardown, whose driver puts back the mbufs its queues held, runs meanwhile.
+/// Where no such moment comes (a burst stuck in a release callback, or this
+/// thread inside a free: a pool dropped by a release callback), the pool
+/// waits for the next try: the next pool's drop, `Mempool::new`, and the
+/// EAL's cleanup.
+pub(crate) fn reclaim(wait_ms: u32) -> bool {
+    let _control = crate::control::control();
+    let mut retired = RETIRED.lock().unwrap_or_else(|e| e.into_inner());
+    retired.retain(|pool| {
+        let mut in_use = 0;
+        // SAFETY: a pool no handle refers to, not yet freed; in_use is a
+        // writable u32.
+        let ret = unsafe { sys::emx_pool_in_use_quiet(pool.raw.as_ptr(), wait_ms, &mut in_use) };
+        if ret != 0 {
+            return true;
+        }
         if in_use == 0 {
-            // SAFETY: no mbuf of the pool is out and no port refers to it (ports
-            // hold a clone), so nothing can touch it again.
-            unsafe { sys::rte_mempool_free(self.raw.as_ptr()) };
+            // SAFETY: none of its mbufs is out, no put into it is in progress
+            // and none can start, and no port refers to it (ports hold a
+            // handle): nothing touches it again.
+            unsafe { sys::rte_mempool_free(pool.raw.as_ptr()) };
         } else {
             LEAKED_POOLS.fetch_add(1, Ordering::AcqRel);
             eprintln!(
                 "dpdk-ffi: mempool `{}` dropped with {in_use} mbufs still out (frames not freed, or \
                  kept by a closed port's driver: AF_XDP keeps its fill ring's); leaking it, not \
                  freeing memory that may be in use",
-                self.name
+                pool.name
             );
         }
-    }
+        false
+    });
+    retired.is_empty()
 }

@@ -29,6 +29,7 @@ pub use self::rte_pktmbuf_attach_extbuf_ as rte_pktmbuf_attach_extbuf;
 pub use self::rte_pktmbuf_chain_ as rte_pktmbuf_chain;
 pub use self::rte_pktmbuf_data_room_size_ as rte_pktmbuf_data_room_size;
 pub use self::rte_pktmbuf_free_ as rte_pktmbuf_free;
+pub use self::rte_pktmbuf_free_bulk_ as rte_pktmbuf_free_bulk;
 pub use self::rte_pktmbuf_headroom_ as rte_pktmbuf_headroom;
 pub use self::rte_pktmbuf_prepend_ as rte_pktmbuf_prepend;
 pub use self::rte_pktmbuf_tailroom_ as rte_pktmbuf_tailroom;

@@ -1,5 +1,6 @@
 //! Mbuf data access is bounds-checked; chains read back in order; threads that
-//! DPDK did not start can register, use mempool caches and unregister cleanly.
+//! DPDK did not start can register, use mempool caches and unregister cleanly;
+//! a pool is never freed under a put in progress.
 
 mod common;
 
@@ -101,4 +102,46 @@ fn registered_threads_get_caches_and_flush_them() {
     assert_eq!(pool.in_use(), 0);
     let all: Vec<Mbuf> = (0..1023).map(|_| Mbuf::alloc(&pool).unwrap()).collect();
     assert_eq!(all.len(), 1023);
+}
+
+/// The pool named `name`, if it exists (not freed).
+fn pool_named(name: &str) -> *mut dpdk_ffi::sys::rte_mempool {
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: a NUL-terminated name; the EAL is running.
+    unsafe { dpdk_ffi::sys::rte_mempool_lookup(name.as_ptr()) }
+}
+
+/// The count says an mbuf is back while the thread that put it back may still
+/// be inside the put, using the pool. A pool whose last handle goes then is
+/// not freed under it: it waits, and the next pool made frees it once the put
+/// is over, and may take its name.
+#[test]
+fn a_pool_outlives_a_put_in_progress() {
+    use std::sync::mpsc::channel;
+
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "put-race", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    drop(Mbuf::alloc(&pool).unwrap());
+    assert_eq!(pool.in_use(), 0);
+    let (inside_tx, inside) = channel();
+    let (leave, leave_rx) = channel::<()>();
+    let putter = std::thread::spawn(move || {
+        // SAFETY: marks this thread inside a put, as a free does, and leaves.
+        unsafe { dpdk_ffi::sys::emx_burst_hold(1) };
+        inside_tx.send(()).unwrap();
+        let _ = leave_rx.recv();
+        // SAFETY: as above.
+        unsafe { dpdk_ffi::sys::emx_burst_hold(0) };
+    });
+    inside.recv().unwrap();
+    drop(pool);
+    assert!(
+        !pool_named("put-race").is_null(),
+        "the pool was freed while a put was in progress"
+    );
+    leave.send(()).unwrap();
+    putter.join().unwrap();
+    let again = Mempool::new(&eal, "put-race", 255, 0, DEFAULT_DATA_ROOM)
+        .expect("the waiting pool is freed and its name free again");
+    assert_eq!(pool_named("put-race"), again.as_ptr());
 }
