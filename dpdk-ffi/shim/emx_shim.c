@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <rte_alarm.h>
+#include <rte_eal_memconfig.h>
 #include <rte_interrupts.h>
 #include <rte_log.h>
 #include <rte_pause.h>
@@ -71,6 +71,9 @@ static pthread_once_t emx_slot_once = PTHREAD_ONCE_INIT;
 
 static void emx_slot_release(void *slot)
 {
+	/* A free run by a later destructor of this thread claims a slot anew
+	 * (and releases it in the destructors' next round). */
+	emx_my_slot = NULL;
 	__atomic_store_n(&((struct emx_burst_slot *)slot)->taken, 0,
 			 __ATOMIC_RELEASE);
 }
@@ -92,6 +95,12 @@ static struct emx_burst_slot *emx_slot_claim(void)
 		if (__atomic_compare_exchange_n(&emx_slots[i].taken, &free_, 1,
 						0, __ATOMIC_ACQ_REL,
 						__ATOMIC_RELAXED)) {
+			uint64_t seq = emx_slots[i].seq;
+
+			/* Left odd by a thread that ended inside: out now. */
+			if (seq & 1)
+				__atomic_store_n(&emx_slots[i].seq, seq + 1,
+						 __ATOMIC_RELEASE);
 			emx_my_slot = &emx_slots[i];
 			(void)pthread_setspecific(emx_slot_key, emx_my_slot);
 			return emx_my_slot;
@@ -100,24 +109,56 @@ static struct emx_burst_slot *emx_slot_claim(void)
 	return NULL;
 }
 
+/* Raised while a dropped mempool is counted and freed (emx_quiesce_begin):
+ * bursts and frees that would start wait at their start until it falls. */
+static int emx_closing;
+
+/* Marks this thread in (`in` 1) or out of a burst or free. */
+static inline void emx_mark(struct emx_burst_slot *s, int in)
+{
+	if (s == NULL) {
+		if (in)
+			__atomic_fetch_add(&emx_overflow_inside, 1,
+					   __ATOMIC_SEQ_CST);
+		else
+			__atomic_fetch_sub(&emx_overflow_inside, 1,
+					   __ATOMIC_SEQ_CST);
+	} else if (in) {
+		__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELAXED);
+		/* The mark precedes what follows it (membarrier orders it
+		 * for the thread that reads the marks). */
+		__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	} else {
+		/* What precedes the mark stays before it. */
+		__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
+	}
+}
+
+/* A pool is being counted and freed: step out until it is done. The mark
+ * was set before the flag was read, and the reclaimer raises the flag before
+ * it reads the marks (membarrier between), so either this thread saw the flag
+ * or the reclaimer saw the mark and waits for it to clear. */
+static void __attribute__((noinline)) emx_wait_closing(struct emx_burst_slot *s)
+{
+	do {
+		emx_mark(s, 0);
+		while (__atomic_load_n(&emx_closing, __ATOMIC_ACQUIRE))
+			sched_yield();
+		emx_mark(s, 1);
+	} while (__atomic_load_n(&emx_closing, __ATOMIC_RELAXED));
+}
+
 static inline struct emx_burst_slot *emx_burst_enter(void)
 {
 	struct emx_burst_slot *s = emx_my_slot;
 
 	if (emx_depth++ != 0)
 		return s;
-	if (unlikely(s == NULL)) {
+	if (unlikely(s == NULL))
 		s = emx_slot_claim();
-		if (s == NULL) {
-			__atomic_fetch_add(&emx_overflow_inside, 1,
-					   __ATOMIC_SEQ_CST);
-			return NULL;
-		}
-	}
-	__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELAXED);
-	/* The mark precedes the burst's reads (membarrier orders it for the
-	 * interrupt thread). */
-	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	emx_mark(s, 1);
+	if (unlikely(__atomic_load_n(&emx_closing, __ATOMIC_RELAXED)))
+		emx_wait_closing(s);
 	return s;
 }
 
@@ -125,12 +166,7 @@ static inline void emx_burst_leave(struct emx_burst_slot *s)
 {
 	if (--emx_depth != 0)
 		return;
-	if (unlikely(s == NULL)) {
-		__atomic_fetch_sub(&emx_overflow_inside, 1, __ATOMIC_SEQ_CST);
-		return;
-	}
-	/* The burst's reads precede the mark. */
-	__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
+	emx_mark(s, 0);
 }
 
 /* A full barrier on every thread of the process. */
@@ -423,11 +459,14 @@ int rte_pktmbuf_alloc_bulk_(struct rte_mempool *mp, struct rte_mbuf **mbufs,
  * A mempool whose last handle goes is freed only if none of its mbufs is out.
  * The count says so as soon as the last one is back, while the thread that
  * put it back may still be inside the put (flushing its cache into the
- * pool's ring, say): freeing the pool then would pull the memory from under
- * it. So puts mark themselves in their thread's slot, like bursts, and the
- * pool is counted at a moment when no thread is inside either
- * (emx_pool_in_use_quiet): a count taken then is exact, and no put of the pool
- * can begin afterwards, as none of its mbufs is out.
+ * pool's ring, say, which also counts some mbufs twice for a moment): freeing
+ * the pool then would pull the memory from under it. So puts mark themselves
+ * in their thread's slot, like bursts, and a dropped pool is counted and freed
+ * between emx_quiesce_begin and emx_quiesce_end: those raise a flag that holds
+ * new bursts and frees at their start, and wait (bounded) for those in
+ * progress to end. A count taken then is exact, and nothing touches the pool
+ * while it is freed: a put needs an mbuf out, and the one put that needs none,
+ * the cache flush at a thread's unregistration, is marked too.
  *
  * The marks cover the puts and never the release callback of an external
  * buffer, which runs code of the buffer's owner (that may drop a pool, take
@@ -437,8 +476,9 @@ int rte_pktmbuf_alloc_bulk_(struct rte_mempool *mp, struct rte_mbuf **mbufs,
 static inline struct rte_mbuf *emx_prefree_seg(struct rte_mbuf *m,
 					      struct emx_burst_slot **s)
 {
-	if (unlikely(RTE_MBUF_HAS_EXTBUF(m))) {
-		/* The release callback runs outside the marks. */
+	if (unlikely(RTE_MBUF_HAS_EXTBUF(m) && !RTE_MBUF_HAS_PINNED_EXTBUF(m))) {
+		/* The release callback runs outside the marks (unless this
+		 * free is itself inside a burst, whose marks stay). */
 		emx_burst_leave(*s);
 		m = rte_pktmbuf_prefree_seg(m);
 		*s = emx_burst_enter();
@@ -491,15 +531,25 @@ void rte_pktmbuf_free_bulk_(struct rte_mbuf **mbufs, unsigned count)
 	emx_burst_leave(s);
 }
 
-int emx_pool_in_use_quiet(struct rte_mempool *mp, unsigned timeout_ms,
-			  unsigned *in_use)
-{
-	uint64_t seen[EMX_BURST_SLOTS];
-	struct timespec now, deadline;
-	unsigned i, count;
-	int busy;
+int emx_in_section(void) { return emx_depth != 0; }
 
-	/* This thread's own marks would never clear. */
+/* Whether `deadline` (CLOCK_MONOTONIC) has passed. */
+static int emx_past(const struct timespec *deadline)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return now.tv_sec > deadline->tv_sec ||
+	       (now.tv_sec == deadline->tv_sec &&
+		now.tv_nsec >= deadline->tv_nsec);
+}
+
+int emx_quiesce_begin(unsigned timeout_ms)
+{
+	struct timespec deadline;
+	unsigned i;
+
+	/* This thread's own mark would never clear. */
 	if (emx_depth != 0)
 		return -EDEADLK;
 	clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -509,38 +559,46 @@ int emx_pool_in_use_quiet(struct rte_mempool *mp, unsigned timeout_ms,
 		deadline.tv_sec++;
 		deadline.tv_nsec -= 1000000000L;
 	}
-	for (;;) {
-		/* Every mark set before this is seen, and every put or burst
-		 * that ended before it is seen whole. */
-		emx_barrier_all_threads();
-		busy = __atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) != 0;
-		for (i = 0; i < EMX_BURST_SLOTS; i++) {
-			seen[i] = __atomic_load_n(&emx_slots[i].seq,
-						  __ATOMIC_ACQUIRE);
-			busy |= (int)(seen[i] & 1);
-		}
-		if (!busy) {
-			count = rte_mempool_in_use_count(mp);
-			/* A put or burst that began since, and that the count
-			 * saw part of, has its mark seen after this. */
-			emx_barrier_all_threads();
-			busy = __atomic_load_n(&emx_overflow_inside,
-					       __ATOMIC_ACQUIRE) != 0;
-			for (i = 0; i < EMX_BURST_SLOTS && !busy; i++)
-				busy = __atomic_load_n(&emx_slots[i].seq,
-						       __ATOMIC_ACQUIRE) != seen[i];
-			if (!busy) {
-				*in_use = count;
-				return 0;
-			}
-		}
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if (now.tv_sec > deadline.tv_sec ||
-		    (now.tv_sec == deadline.tv_sec &&
-		     now.tv_nsec >= deadline.tv_nsec))
-			return -EBUSY;
-		sched_yield();
+	__atomic_store_n(&emx_closing, 1, __ATOMIC_SEQ_CST);
+	/* Every mark set before this is seen, with all that the burst or free
+	 * it ended did; from here on, bursts and frees wait at their start. */
+	emx_barrier_all_threads();
+	for (i = 0; i < EMX_BURST_SLOTS; i++) {
+		uint64_t seq = __atomic_load_n(&emx_slots[i].seq,
+					       __ATOMIC_ACQUIRE);
+
+		if ((seq & 1) == 0)
+			continue;
+		while (__atomic_load_n(&emx_slots[i].seq, __ATOMIC_ACQUIRE) ==
+		       seq)
+			if (emx_past(&deadline))
+				goto busy;
+			else
+				sched_yield();
 	}
+	while (__atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) != 0)
+		if (emx_past(&deadline))
+			goto busy;
+		else
+			sched_yield();
+	return 0;
+busy:
+	emx_quiesce_end();
+	return -EBUSY;
+}
+
+void emx_quiesce_end(void)
+{
+	__atomic_store_n(&emx_closing, 0, __ATOMIC_RELEASE);
+}
+
+void emx_mempool_free(struct rte_mempool *mp)
+{
+	/* rte_mempool_walk's lock: no walk (DPDK's telemetry, say) reads the
+	 * pool as it goes. */
+	rte_mcfg_mempool_write_lock();
+	rte_mempool_free(mp);
+	rte_mcfg_mempool_write_unlock();
 }
 
 char *rte_pktmbuf_append_(struct rte_mbuf *m, uint16_t len)

@@ -104,13 +104,19 @@ int emx_intr_release(unsigned timeout_ms);
 int emx_intr_stop(unsigned timeout_ms);
 
 /*
- * The mbufs of `mp` that are out, counted at a moment when no thread is inside
- * a burst or an mbuf free (see emx_shim.c), so that the count is exact and no
- * put into `mp` is in progress: 0 with *in_use set; -EBUSY if no such moment
- * came within `timeout_ms`; -EDEADLK when called inside a burst or a free.
+ * A window in which no thread is inside a burst or an mbuf free, for counting
+ * and freeing dropped mempools (see emx_shim.c). emx_quiesce_begin holds new
+ * bursts and frees at their start and waits for those in progress: 0 once
+ * they have ended; -EBUSY if they did not within `timeout_ms` (the window is
+ * then closed again); -EDEADLK when called inside a burst or a free.
+ * emx_quiesce_end lets them go on. emx_mempool_free frees a pool, excluding
+ * DPDK's walks of the pool list. emx_in_section says whether this thread is
+ * inside a burst or a free.
  */
-int emx_pool_in_use_quiet(struct rte_mempool *mp, unsigned timeout_ms,
-			  unsigned *in_use);
+int emx_quiesce_begin(unsigned timeout_ms);
+void emx_quiesce_end(void);
+void emx_mempool_free(struct rte_mempool *mp);
+int emx_in_section(void);
 
 /* What the guard's munmap waits with, and a burst's marks without the burst
  * (`inside` 1: enter, 0: leave), for its tests. */

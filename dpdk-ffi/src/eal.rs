@@ -2,7 +2,7 @@
 //! the last handle to it goes.
 
 use std::ffi::{c_char, CString};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Errno, Error, Result};
@@ -13,10 +13,6 @@ const RUNNING: u8 = 1;
 const FAILED: u8 = 2;
 const STOPPED: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(NOT_STARTED);
-
-/// Mempools leaked because mbufs were still out when they were dropped. While
-/// any exist, `rte_eal_cleanup` is skipped so that those mbufs stay valid.
-pub(crate) static LEAKED_POOLS: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether the EAL runs on hugepages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -323,11 +319,16 @@ impl Eal {
 
 impl Drop for EalInner {
     fn drop(&mut self) {
-        // Pools dropped while a put was in progress are freed now, or the
-        // memory stays (the puts may still be running).
-        let reclaimed = crate::mempool::reclaim(1_000);
-        if !reclaimed || LEAKED_POOLS.load(Ordering::Acquire) > 0 {
-            // Leaked mbufs may still be read: keep their memory mapped.
+        // Pools dropped with mbufs out, or while a put was in progress, are
+        // freed now, or the memory stays: those mbufs, or the puts, may still
+        // be read.
+        let waiting = crate::mempool::reclaim(1_000);
+        if waiting > 0 {
+            eprintln!(
+                "dpdk-ffi: {waiting} dropped mempool(s) still have mbufs out; DPDK's memory stays \
+                 mapped until the process exits"
+            );
+            STATE.store(STOPPED, Ordering::Release);
             return;
         }
         // DPDK 22.11's rte_eal_cleanup unmaps memory that its interrupt

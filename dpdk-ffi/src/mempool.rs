@@ -2,10 +2,9 @@
 
 use std::ffi::CString;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::eal::{Eal, LEAKED_POOLS};
+use crate::eal::Eal;
 use crate::error::{Error, Result, ToResult};
 use crate::port::ETHER_OVERHEAD;
 use crate::sys;
@@ -28,9 +27,11 @@ pub fn data_room_for_mtu(mtu: u16) -> u16 {
 }
 
 /// A pool of packet mbufs (`rte_pktmbuf_pool_create`). Clones share the pool;
-/// it is freed when the last clone and every port using it are gone, and only
-/// if no mbuf of it is still out (otherwise it is leaked, never freed under a
-/// live mbuf).
+/// it is freed when the last clone and every port using it are gone, once no
+/// mbuf of it is out and no thread is still inside putting one back: never
+/// under a live mbuf. A pool dropped with mbufs out keeps its name (a new pool
+/// by that name is refused, saying why) until they are back and the next
+/// pool is made or dropped; if the EAL ends first, its memory stays mapped.
 #[derive(Clone)]
 pub struct Mempool(Arc<PoolInner>);
 
@@ -81,6 +82,13 @@ impl Mempool {
             CString::new(name).map_err(|_| Error::Config("mempool name contains NUL".into()))?;
         // A pool dropped earlier and still waiting may hold the name.
         reclaim(RECLAIM_WAIT_MS);
+        if name_waiting(name) {
+            return Err(Error::Config(format!(
+                "a mempool named `{name}` was dropped with mbufs still out (or while a burst \
+                 was stuck) and is not freed yet: free those mbufs first, or give this pool \
+                 another name"
+            )));
+        }
         // SAFETY: a valid name; the EAL is running (we hold a handle); the
         // returned pointer is owned by this handle until freed in Drop.
         let raw = unsafe {
@@ -150,14 +158,12 @@ impl Mempool {
 
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        // Counted and freed once no thread is inside a put (see `reclaim`).
-        RETIRED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Retired {
-                raw: self.raw,
-                name: std::mem::take(&mut self.name),
-            });
+        // Counted and freed once no put is in progress (see `reclaim`).
+        retired().push(Retired {
+            raw: self.raw,
+            name: std::mem::take(&mut self.name),
+            warned: false,
+        });
         reclaim(RECLAIM_WAIT_MS);
     }
 }
@@ -166,59 +172,90 @@ impl Drop for PoolInner {
 struct Retired {
     raw: NonNull<sys::rte_mempool>,
     name: String,
+    /// Whether its mbufs still out have been reported.
+    warned: bool,
 }
 
-// SAFETY: only the pointer travels, to be counted and freed under the lock.
+// SAFETY: only the pointer travels, to be counted and freed in `reclaim`.
 unsafe impl Send for Retired {}
 
-/// Pools whose last handle went while a put was in progress somewhere.
+/// Pools whose last handle is gone and that are not freed yet. Held only
+/// briefly: never across a wait, so a thread inside a burst may push to it.
 static RETIRED: std::sync::Mutex<Vec<Retired>> = std::sync::Mutex::new(Vec::new());
 
-/// How long a pool's drop waits for a moment with no put in progress.
+fn retired() -> std::sync::MutexGuard<'static, Vec<Retired>> {
+    RETIRED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How long a pool's drop waits for the bursts and frees in progress.
 const RECLAIM_WAIT_MS: u32 = 50;
 
-/// Frees the pools whose last handle is gone and none of whose mbufs is out,
-/// and leaks those with mbufs out (freeing would pull memory from under
-/// them); `true` when none is left waiting.
+/// Frees the pools whose last handle is gone and none of whose mbufs is out;
+/// returns how many are left waiting.
 ///
 /// The count says an mbuf is back as soon as it is, while the thread that put
 /// it back may still be inside the put, using the pool (flushing its cache
-/// into the pool's ring, say), and a put that flushes counts some mbufs twice
-/// for a moment. So the count is taken at a moment when no thread is inside
-/// an mbuf free or a burst (see the C shim), waiting up to `wait_ms` for one.
-/// Then it is exact, and no put into the pool can start after it, as none of
-/// its mbufs is out. The wait is under the control lock, so that no port's
-/// teardown, whose driver puts back the mbufs its queues held, runs meanwhile.
-/// Where no such moment comes (a burst stuck in a release callback, or this
-/// thread inside a free: a pool dropped by a release callback), the pool
-/// waits for the next try: the next pool's drop, `Mempool::new`, and the
-/// EAL's cleanup.
-pub(crate) fn reclaim(wait_ms: u32) -> bool {
+/// into the pool's ring, say, which also counts some mbufs twice for a
+/// moment). So the pools are counted and freed in a window in which no thread
+/// is inside an mbuf free or a burst: bursts and frees that would start wait
+/// at their start, and those in progress are waited for, up to `wait_ms` (see
+/// the C shim). The window is opened under the control lock, so that no
+/// port's teardown, whose driver puts back the mbufs its queues held, runs
+/// meanwhile.
+///
+/// A pool stays waiting while some of its mbufs are out (reported once), and
+/// all of them do when the window cannot be opened: a burst stuck in a
+/// release callback, or this thread inside a burst or a free (a pool dropped
+/// by a release callback), where it cannot wait. The next pool's drop,
+/// `Mempool::new` and the EAL's end try again.
+pub(crate) fn reclaim(wait_ms: u32) -> usize {
+    // SAFETY: reads this thread's depth.
+    if unsafe { sys::emx_in_section() } != 0 {
+        // Waiting for the control lock here could hold up its holder's
+        // window (and the interrupt thread's unmap guard) on this thread.
+        return retired().len();
+    }
     let _control = crate::control::control();
-    let mut retired = RETIRED.lock().unwrap_or_else(|e| e.into_inner());
-    retired.retain(|pool| {
-        let mut in_use = 0;
-        // SAFETY: a pool no handle refers to, not yet freed; in_use is a
-        // writable u32.
-        let ret = unsafe { sys::emx_pool_in_use_quiet(pool.raw.as_ptr(), wait_ms, &mut in_use) };
-        if ret != 0 {
-            return true;
+    let mut pools = std::mem::take(&mut *retired());
+    if !pools.is_empty() {
+        // SAFETY: not inside a burst or a free (checked above); the window
+        // is closed below on every path.
+        if unsafe { sys::emx_quiesce_begin(wait_ms) } == 0 {
+            pools.retain_mut(count_and_free);
+            // SAFETY: the window opened above.
+            unsafe { sys::emx_quiesce_end() };
         }
-        if in_use == 0 {
-            // SAFETY: none of its mbufs is out, no put into it is in progress
-            // and none can start, and no port refers to it (ports hold a
-            // handle): nothing touches it again.
-            unsafe { sys::rte_mempool_free(pool.raw.as_ptr()) };
-        } else {
-            LEAKED_POOLS.fetch_add(1, Ordering::AcqRel);
-            eprintln!(
-                "dpdk-ffi: mempool `{}` dropped with {in_use} mbufs still out (frames not freed, or \
-                 kept by a closed port's driver: AF_XDP keeps its fill ring's); leaking it, not \
-                 freeing memory that may be in use",
-                pool.name
-            );
-        }
-        false
-    });
-    retired.is_empty()
+    }
+    let mut retired = retired();
+    retired.append(&mut pools);
+    retired.len()
+}
+
+/// With no put in progress: frees `pool` if none of its mbufs is out (false),
+/// or reports them once and keeps it (true).
+fn count_and_free(pool: &mut Retired) -> bool {
+    // SAFETY: a pool no handle refers to, not yet freed.
+    let in_use = unsafe { sys::rte_mempool_in_use_count(pool.raw.as_ptr()) };
+    if in_use == 0 {
+        // SAFETY: none of its mbufs is out, no put into it is in progress and
+        // none can start, and no port refers to it (ports hold a handle):
+        // nothing touches it again.
+        unsafe { sys::emx_mempool_free(pool.raw.as_ptr()) };
+        return false;
+    }
+    if !pool.warned {
+        pool.warned = true;
+        eprintln!(
+            "dpdk-ffi: mempool `{}` dropped with {in_use} mbufs still out (frames not freed, or \
+             kept by a closed port's driver: AF_XDP keeps its fill ring's); it is freed once they \
+             are back, or left mapped if the EAL ends first",
+            pool.name
+        );
+    }
+    true
+}
+
+/// Whether a dropped pool that is not freed yet has `name`.
+fn name_waiting(name: &str) -> bool {
+    retired().iter().any(|p| p.name == name)
 }

@@ -145,3 +145,73 @@ fn a_pool_outlives_a_put_in_progress() {
         .expect("the waiting pool is freed and its name free again");
     assert_eq!(pool_named("put-race"), again.as_ptr());
 }
+
+/// A pool dropped with an mbuf out is not freed under it, and its name stays
+/// taken, with a message that says why; once the mbuf is back, the next pool
+/// made frees it and may take the name.
+#[test]
+fn a_pool_dropped_with_an_mbuf_out_is_freed_once_it_is_back() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "late", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let mut m = Mbuf::alloc(&pool).unwrap();
+    drop(pool);
+    assert!(!pool_named("late").is_null(), "freed under an mbuf");
+    m.extend_from_slice(b"still mine").unwrap();
+    let err = Mempool::new(&eal, "late", 255, 0, DEFAULT_DATA_ROOM).unwrap_err();
+    assert!(err.to_string().contains("not freed yet"), "{err}");
+    drop(m);
+    let again = Mempool::new(&eal, "late", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    assert_eq!(pool_named("late"), again.as_ptr());
+}
+
+/// A thread polling without pause (bursts back to back, and frees) does not
+/// keep a dropped pool from being freed: its bursts and frees wait at their
+/// start while the pool is counted.
+#[test]
+fn a_pool_is_freed_beside_a_busy_thread() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let eal = eal(HugepageMode::Never);
+    let busy_pool = Mempool::new(&eal, "busy", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..100 {
+                    // SAFETY: a burst's marks, in and out, with no burst.
+                    unsafe {
+                        dpdk_ffi::sys::emx_burst_hold(1);
+                        dpdk_ffi::sys::emx_burst_hold(0);
+                    }
+                }
+                drop(Mbuf::alloc(&busy_pool).unwrap());
+            }
+        });
+        for round in 0..20 {
+            let pool = Mempool::new(&eal, "dropped", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+            drop(Mbuf::alloc(&pool).unwrap());
+            drop(pool);
+            assert!(pool_named("dropped").is_null(), "round {round}: not freed");
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+}
+
+/// The release callback of an external buffer runs outside the marks of the
+/// free that calls it: one that drops the last handle of a pool has the pool
+/// freed at once (inside the marks, it could not be counted there, and a
+/// pool freed from there once waited for itself).
+#[test]
+fn a_release_callback_may_drop_a_pool() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "carrier", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let held = Mempool::new(&eal, "held", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let region = dpdk_ffi::ExtMem::new(&eal, 1 << 16).unwrap();
+    let buf = region.buffer_with(0, 4096, move || drop(held)).unwrap();
+    let mut m = Mbuf::alloc(&pool).unwrap();
+    buf.attach(&mut m, 0, 100).unwrap();
+    drop(buf);
+    assert!(!pool_named("held").is_null());
+    drop(m);
+    assert!(pool_named("held").is_null(), "not freed from the callback");
+}
