@@ -111,7 +111,7 @@ static struct emx_burst_slot *emx_slot_claim(void)
 
 /* Raised while a dropped mempool is counted and freed (emx_quiesce_begin):
  * bursts and frees that would start wait at their start until it falls. */
-static int emx_closing;
+static int emx_closing __rte_cache_aligned;
 
 /* Marks this thread in (`in` 1) or out of a burst or free. */
 static inline void emx_mark(struct emx_burst_slot *s, int in)
@@ -170,22 +170,25 @@ static inline void emx_burst_leave(struct emx_burst_slot *s)
 }
 
 /* A full barrier on every thread of the process. */
-static void emx_barrier_all_threads(void)
+/* A full barrier on every thread of the process: 0, or -1 where only a
+ * pause could stand in for one. */
+static int emx_barrier_all_threads(void)
 {
 	static int registered;
 
-	if (!registered &&
+	if (!__atomic_load_n(&registered, __ATOMIC_RELAXED) &&
 	    syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
 		    0, 0) == 0)
-		registered = 1;
-	if (registered &&
+		__atomic_store_n(&registered, 1, __ATOMIC_RELAXED);
+	if (__atomic_load_n(&registered, __ATOMIC_RELAXED) &&
 	    syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
-		return;
+		return 0;
 	if (syscall(__NR_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0)
-		return;
+		return 0;
 	/* No membarrier (an old kernel, a seccomp filter): a store buffer
-	 * drains in far less than this. */
+	 * drains in far less than this, which the unmap guard settles for. */
 	usleep(1000);
+	return -1;
 }
 
 /* Waits until every burst in progress when it was called has ended. */
@@ -193,7 +196,7 @@ void emx_wait_for_bursts(void)
 {
 	unsigned i;
 
-	emx_barrier_all_threads();
+	(void)emx_barrier_all_threads();
 	for (i = 0; i < EMX_BURST_SLOTS; i++) {
 		uint64_t seq = __atomic_load_n(&emx_slots[i].seq,
 					       __ATOMIC_ACQUIRE);
@@ -544,10 +547,40 @@ static int emx_past(const struct timespec *deadline)
 		now.tv_nsec >= deadline->tv_nsec);
 }
 
+/* Waits until every burst and free in progress when it was called has ended,
+ * or `deadline` passes: 0, -EBUSY, or -ENOSYS without membarrier (then no
+ * wait can be sure of the marks). */
+static int emx_wait_marks(const struct timespec *deadline)
+{
+	unsigned i;
+
+	if (emx_barrier_all_threads() != 0)
+		return -ENOSYS;
+	for (i = 0; i < EMX_BURST_SLOTS; i++) {
+		uint64_t seq = __atomic_load_n(&emx_slots[i].seq,
+					       __ATOMIC_ACQUIRE);
+
+		if ((seq & 1) == 0)
+			continue;
+		while (__atomic_load_n(&emx_slots[i].seq, __ATOMIC_ACQUIRE) ==
+		       seq)
+			if (emx_past(deadline))
+				return -EBUSY;
+			else
+				sched_yield();
+	}
+	while (__atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) != 0)
+		if (emx_past(deadline))
+			return -EBUSY;
+		else
+			sched_yield();
+	return 0;
+}
+
 int emx_quiesce_begin(unsigned timeout_ms)
 {
 	struct timespec deadline;
-	unsigned i;
+	int ret;
 
 	/* This thread's own mark would never clear. */
 	if (emx_depth != 0)
@@ -559,32 +592,19 @@ int emx_quiesce_begin(unsigned timeout_ms)
 		deadline.tv_sec++;
 		deadline.tv_nsec -= 1000000000L;
 	}
+	/* First without the flag, so that one burst stuck (in a release
+	 * callback waiting for a lock) holds nobody else up: give up here. */
+	ret = emx_wait_marks(&deadline);
+	if (ret != 0)
+		return ret;
 	__atomic_store_n(&emx_closing, 1, __ATOMIC_SEQ_CST);
-	/* Every mark set before this is seen, with all that the burst or free
-	 * it ended did; from here on, bursts and frees wait at their start. */
-	emx_barrier_all_threads();
-	for (i = 0; i < EMX_BURST_SLOTS; i++) {
-		uint64_t seq = __atomic_load_n(&emx_slots[i].seq,
-					       __ATOMIC_ACQUIRE);
-
-		if ((seq & 1) == 0)
-			continue;
-		while (__atomic_load_n(&emx_slots[i].seq, __ATOMIC_ACQUIRE) ==
-		       seq)
-			if (emx_past(&deadline))
-				goto busy;
-			else
-				sched_yield();
-	}
-	while (__atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) != 0)
-		if (emx_past(&deadline))
-			goto busy;
-		else
-			sched_yield();
-	return 0;
-busy:
-	emx_quiesce_end();
-	return -EBUSY;
+	/* Every mark set before the flag was seen is seen now, with all that
+	 * the burst or free it ended did; those begun since the first wait
+	 * are waited for, and the rest wait at their start. */
+	ret = emx_wait_marks(&deadline);
+	if (ret != 0)
+		emx_quiesce_end();
+	return ret;
 }
 
 void emx_quiesce_end(void)

@@ -108,7 +108,8 @@ int emx_intr_stop(unsigned timeout_ms);
  * and freeing dropped mempools (see emx_shim.c). emx_quiesce_begin holds new
  * bursts and frees at their start and waits for those in progress: 0 once
  * they have ended; -EBUSY if they did not within `timeout_ms` (the window is
- * then closed again); -EDEADLK when called inside a burst or a free.
+ * then closed again); -EDEADLK when called inside a burst or a free; -ENOSYS
+ * where the kernel has no membarrier(2).
  * emx_quiesce_end lets them go on. emx_mempool_free frees a pool, excluding
  * DPDK's walks of the pool list. emx_in_section says whether this thread is
  * inside a burst or a free.

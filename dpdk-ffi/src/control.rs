@@ -94,7 +94,7 @@ pub(crate) fn hold_interrupts(_control: &Control) -> InterruptsHeld<'_> {
             HOLDING.with(|h| h.set(true));
         } else if ret != -libc::EDEADLK {
             eprintln!(
-                "emx: warning: the EAL interrupt thread could not be held ({}); memif set-up \
+                "dpdk-ffi: warning: the EAL interrupt thread could not be held ({}); memif set-up \
                  or teardown goes on beside its handlers",
                 interrupt_wait_error(ret)
             );
@@ -114,7 +114,7 @@ impl Drop for InterruptsHeld<'_> {
             let ret = unsafe { sys::emx_intr_release(INTERRUPT_WAIT_MS) };
             if ret != 0 {
                 eprintln!(
-                    "emx: warning: the EAL interrupt thread, released, did not come round ({})",
+                    "dpdk-ffi: warning: the EAL interrupt thread, released, did not come round ({})",
                     interrupt_wait_error(ret)
                 );
             }

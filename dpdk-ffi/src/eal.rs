@@ -325,8 +325,9 @@ impl Drop for EalInner {
         let waiting = crate::mempool::reclaim(1_000);
         if waiting > 0 {
             eprintln!(
-                "dpdk-ffi: {waiting} dropped mempool(s) still have mbufs out; DPDK's memory stays \
-                 mapped until the process exits"
+                "dpdk-ffi: {waiting} dropped mempool(s) could not be freed (mbufs still out, or \
+                 a burst or free still running); DPDK's memory stays mapped until the process \
+                 exits"
             );
             STATE.store(STOPPED, Ordering::Release);
             return;
@@ -346,7 +347,7 @@ impl Drop for EalInner {
         if parked != 0 {
             // The thread is stuck, or this is it: leave the memory mapped.
             eprintln!(
-                "emx: warning: the EAL interrupt thread could not be stopped ({}); DPDK's \
+                "dpdk-ffi: warning: the EAL interrupt thread could not be stopped ({}); DPDK's \
                  memory stays mapped until the process exits",
                 crate::control::interrupt_wait_error(parked)
             );

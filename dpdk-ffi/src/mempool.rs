@@ -80,7 +80,9 @@ impl Mempool {
         }
         let cname =
             CString::new(name).map_err(|_| Error::Config("mempool name contains NUL".into()))?;
-        // A pool dropped earlier and still waiting may hold the name.
+        // A pool dropped earlier and still waiting may hold the name (the
+        // control lock keeps others from taking the list meanwhile).
+        let _control = crate::control::control();
         reclaim(RECLAIM_WAIT_MS);
         if name_waiting(name) {
             return Err(Error::Config(format!(
@@ -162,6 +164,7 @@ impl Drop for PoolInner {
         retired().push(Retired {
             raw: self.raw,
             name: std::mem::take(&mut self.name),
+            out: 0,
             warned: false,
         });
         reclaim(RECLAIM_WAIT_MS);
@@ -172,7 +175,9 @@ impl Drop for PoolInner {
 struct Retired {
     raw: NonNull<sys::rte_mempool>,
     name: String,
-    /// Whether its mbufs still out have been reported.
+    /// Its mbufs out when last counted.
+    out: u32,
+    /// Whether they have been reported.
     warned: bool,
 }
 
@@ -196,18 +201,22 @@ const RECLAIM_WAIT_MS: u32 = 50;
 /// The count says an mbuf is back as soon as it is, while the thread that put
 /// it back may still be inside the put, using the pool (flushing its cache
 /// into the pool's ring, say, which also counts some mbufs twice for a
-/// moment). So the pools are counted and freed in a window in which no thread
-/// is inside an mbuf free or a burst: bursts and frees that would start wait
-/// at their start, and those in progress are waited for, up to `wait_ms` (see
-/// the C shim). The window is opened under the control lock, so that no
-/// port's teardown, whose driver puts back the mbufs its queues held, runs
-/// meanwhile.
+/// moment). So the pools are counted in a window in which no thread is inside
+/// an mbuf free or a burst: bursts and frees that would start wait at their
+/// start, and those in progress are waited for, up to `wait_ms` (see the C
+/// shim). A count of 0 taken there is exact, and no put into the pool can
+/// start after it (a put needs an mbuf out, and the cache flush at a thread's
+/// unregistration walks DPDK's pool list, which the free takes the lock of),
+/// so the pools are freed after the window closes. It is opened under the
+/// control lock, so that no port's teardown, whose driver puts back the
+/// mbufs its queues held, runs meanwhile.
 ///
 /// A pool stays waiting while some of its mbufs are out (reported once), and
 /// all of them do when the window cannot be opened: a burst stuck in a
-/// release callback, or this thread inside a burst or a free (a pool dropped
-/// by a release callback), where it cannot wait. The next pool's drop,
-/// `Mempool::new` and the EAL's end try again.
+/// release callback, no membarrier(2), or this thread inside a burst or a
+/// free (a pool dropped by a release callback that a burst ran), where it
+/// cannot wait. The next pool's drop, `Mempool::new` and the EAL's end try
+/// again; until then the pool keeps its name and its memory.
 pub(crate) fn reclaim(wait_ms: u32) -> usize {
     // SAFETY: reads this thread's depth.
     if unsafe { sys::emx_in_section() } != 0 {
@@ -217,42 +226,60 @@ pub(crate) fn reclaim(wait_ms: u32) -> usize {
     }
     let _control = crate::control::control();
     let mut pools = std::mem::take(&mut *retired());
+    let mut free = Vec::new();
     if !pools.is_empty() {
-        // SAFETY: not inside a burst or a free (checked above); the window
-        // is closed below on every path.
-        if unsafe { sys::emx_quiesce_begin(wait_ms) } == 0 {
-            pools.retain_mut(count_and_free);
-            // SAFETY: the window opened above.
-            unsafe { sys::emx_quiesce_end() };
+        if let Some(_window) = Window::open(wait_ms) {
+            // Only counts here, printing nothing: bursts everywhere wait.
+            let mut i = 0;
+            while i < pools.len() {
+                // SAFETY: a pool no handle refers to, not yet freed.
+                let in_use = unsafe { sys::rte_mempool_in_use_count(pools[i].raw.as_ptr()) };
+                if in_use == 0 {
+                    free.push(pools.swap_remove(i));
+                } else {
+                    pools[i].out = in_use;
+                    i += 1;
+                }
+            }
         }
+    }
+    for pool in free {
+        // SAFETY: none of its mbufs is out, no put into it is in progress
+        // and none can start (see above), and no port refers to it (ports
+        // hold a handle): nothing touches it again.
+        unsafe { sys::emx_mempool_free(pool.raw.as_ptr()) };
+    }
+    for pool in pools.iter_mut().filter(|p| p.out > 0 && !p.warned) {
+        pool.warned = true;
+        eprintln!(
+            "dpdk-ffi: mempool `{}` dropped with {} mbufs still out (frames not freed, or kept by \
+             a closed port's driver: AF_XDP keeps its fill ring's); it keeps its name and memory \
+             until they are back, and is freed by the next pool made or dropped then",
+            pool.name, pool.out
+        );
     }
     let mut retired = retired();
     retired.append(&mut pools);
     retired.len()
 }
 
-/// With no put in progress: frees `pool` if none of its mbufs is out (false),
-/// or reports them once and keeps it (true).
-fn count_and_free(pool: &mut Retired) -> bool {
-    // SAFETY: a pool no handle refers to, not yet freed.
-    let in_use = unsafe { sys::rte_mempool_in_use_count(pool.raw.as_ptr()) };
-    if in_use == 0 {
-        // SAFETY: none of its mbufs is out, no put into it is in progress and
-        // none can start, and no port refers to it (ports hold a handle):
-        // nothing touches it again.
-        unsafe { sys::emx_mempool_free(pool.raw.as_ptr()) };
-        return false;
+/// The shim's window in which no burst or free runs, closed when dropped
+/// (also by a panic).
+struct Window;
+
+impl Window {
+    fn open(wait_ms: u32) -> Option<Window> {
+        // SAFETY: not inside a burst or a free (the shim checks too); the
+        // drop closes the window.
+        (unsafe { sys::emx_quiesce_begin(wait_ms) } == 0).then_some(Window)
     }
-    if !pool.warned {
-        pool.warned = true;
-        eprintln!(
-            "dpdk-ffi: mempool `{}` dropped with {in_use} mbufs still out (frames not freed, or \
-             kept by a closed port's driver: AF_XDP keeps its fill ring's); it is freed once they \
-             are back, or left mapped if the EAL ends first",
-            pool.name
-        );
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // SAFETY: the window this opened.
+        unsafe { sys::emx_quiesce_end() };
     }
-    true
 }
 
 /// Whether a dropped pool that is not freed yet has `name`.
