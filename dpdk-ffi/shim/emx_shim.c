@@ -191,12 +191,26 @@ static int emx_barrier_all_threads(void)
 	return -1;
 }
 
-/* Waits until every burst in progress when it was called has ended. */
-void emx_wait_for_bursts(void)
+/* Whether `deadline` (CLOCK_MONOTONIC) has passed. */
+static int emx_past(const struct timespec *deadline)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return now.tv_sec > deadline->tv_sec ||
+	       (now.tv_sec == deadline->tv_sec &&
+		now.tv_nsec >= deadline->tv_nsec);
+}
+
+/* Waits until every burst and free in progress when it was called has ended,
+ * or `deadline` (if any) passes: 0, -EBUSY, or -ENOSYS without membarrier
+ * when `sure` (then the marks may be read too early). */
+static int emx_wait_marks(const struct timespec *deadline, int sure)
 {
 	unsigned i;
 
-	(void)emx_barrier_all_threads();
+	if (emx_barrier_all_threads() != 0 && sure)
+		return -ENOSYS;
 	for (i = 0; i < EMX_BURST_SLOTS; i++) {
 		uint64_t seq = __atomic_load_n(&emx_slots[i].seq,
 					       __ATOMIC_ACQUIRE);
@@ -205,10 +219,23 @@ void emx_wait_for_bursts(void)
 			continue;
 		while (__atomic_load_n(&emx_slots[i].seq, __ATOMIC_ACQUIRE) ==
 		       seq)
-			rte_pause();
+			if (deadline != NULL && emx_past(deadline))
+				return -EBUSY;
+			else
+				sched_yield();
 	}
 	while (__atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) != 0)
-		rte_pause();
+		if (deadline != NULL && emx_past(deadline))
+			return -EBUSY;
+		else
+			sched_yield();
+	return 0;
+}
+
+/* Waits until every burst in progress when it was called has ended. */
+void emx_wait_for_bursts(void)
+{
+	(void)emx_wait_marks(NULL, 0);
 }
 
 int munmap(void *addr, size_t len)
@@ -256,6 +283,18 @@ int emx_unmap_guarded(void)
  * private instance), and live as long as the process. Callers take turns
  * (dpdk-ffi asks under its control lock).
  */
+
+/* `timeout_ms` from now on CLOCK_MONOTONIC. */
+static void emx_deadline(unsigned timeout_ms, struct timespec *deadline)
+{
+	clock_gettime(CLOCK_MONOTONIC, deadline);
+	deadline->tv_sec += timeout_ms / 1000;
+	deadline->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (deadline->tv_nsec >= 1000000000L) {
+		deadline->tv_sec++;
+		deadline->tv_nsec -= 1000000000L;
+	}
+}
 
 enum { EMX_ASK_NONE, EMX_ASK_PARK, EMX_ASK_BARRIER, EMX_ASK_STOP };
 enum { EMX_INTR_RUNNING, EMX_INTR_PARKED, EMX_INTR_PASSED, EMX_INTR_STOPPED };
@@ -350,13 +389,7 @@ static int emx_intr_ask_for(int ask, int state, unsigned timeout_ms)
 	if (write(emx_intr_fd, &one, sizeof(one)) != sizeof(one)) {
 		/* Only a counter at its limit refuses, and it is then readable. */
 	}
-	clock_gettime(CLOCK_MONOTONIC, &deadline);
-	deadline.tv_sec += timeout_ms / 1000;
-	deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (deadline.tv_nsec >= 1000000000L) {
-		deadline.tv_sec++;
-		deadline.tv_nsec -= 1000000000L;
-	}
+	emx_deadline(timeout_ms, &deadline);
 	while (emx_intr_state != state)
 		if (pthread_cond_timedwait(&emx_intr_cond, &emx_intr_lock,
 					   &deadline) != 0 &&
@@ -377,16 +410,23 @@ static int emx_intr_ready(void)
 	return emx_intr_setup_err;
 }
 
-int emx_intr_hold(unsigned timeout_ms)
+/* Sets the source up if need be, and asks `ask` of the thread (see
+ * emx_intr_ask_for). */
+static int emx_intr_request(int ask, int state, unsigned timeout_ms)
 {
 	int ret = emx_intr_ready();
 
 	if (ret != 0)
 		return ret;
 	pthread_mutex_lock(&emx_intr_lock);
-	ret = emx_intr_ask_for(EMX_ASK_PARK, EMX_INTR_PARKED, timeout_ms);
+	ret = emx_intr_ask_for(ask, state, timeout_ms);
 	pthread_mutex_unlock(&emx_intr_lock);
 	return ret;
+}
+
+int emx_intr_hold(unsigned timeout_ms)
+{
+	return emx_intr_request(EMX_ASK_PARK, EMX_INTR_PARKED, timeout_ms);
 }
 
 int emx_intr_release(unsigned timeout_ms)
@@ -405,14 +445,7 @@ int emx_intr_release(unsigned timeout_ms)
 
 int emx_intr_stop(unsigned timeout_ms)
 {
-	int ret = emx_intr_ready();
-
-	if (ret != 0)
-		return ret;
-	pthread_mutex_lock(&emx_intr_lock);
-	ret = emx_intr_ask_for(EMX_ASK_STOP, EMX_INTR_STOPPED, timeout_ms);
-	pthread_mutex_unlock(&emx_intr_lock);
-	return ret;
+	return emx_intr_request(EMX_ASK_STOP, EMX_INTR_STOPPED, timeout_ms);
 }
 
 static __thread struct emx_burst_slot *emx_held;
@@ -536,46 +569,7 @@ void rte_pktmbuf_free_bulk_(struct rte_mbuf **mbufs, unsigned count)
 
 int emx_in_section(void) { return emx_depth != 0; }
 
-/* Whether `deadline` (CLOCK_MONOTONIC) has passed. */
-static int emx_past(const struct timespec *deadline)
-{
-	struct timespec now;
 
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return now.tv_sec > deadline->tv_sec ||
-	       (now.tv_sec == deadline->tv_sec &&
-		now.tv_nsec >= deadline->tv_nsec);
-}
-
-/* Waits until every burst and free in progress when it was called has ended,
- * or `deadline` passes: 0, -EBUSY, or -ENOSYS without membarrier (then no
- * wait can be sure of the marks). */
-static int emx_wait_marks(const struct timespec *deadline)
-{
-	unsigned i;
-
-	if (emx_barrier_all_threads() != 0)
-		return -ENOSYS;
-	for (i = 0; i < EMX_BURST_SLOTS; i++) {
-		uint64_t seq = __atomic_load_n(&emx_slots[i].seq,
-					       __ATOMIC_ACQUIRE);
-
-		if ((seq & 1) == 0)
-			continue;
-		while (__atomic_load_n(&emx_slots[i].seq, __ATOMIC_ACQUIRE) ==
-		       seq)
-			if (emx_past(deadline))
-				return -EBUSY;
-			else
-				sched_yield();
-	}
-	while (__atomic_load_n(&emx_overflow_inside, __ATOMIC_ACQUIRE) != 0)
-		if (emx_past(deadline))
-			return -EBUSY;
-		else
-			sched_yield();
-	return 0;
-}
 
 int emx_quiesce_begin(unsigned timeout_ms)
 {
@@ -585,23 +579,17 @@ int emx_quiesce_begin(unsigned timeout_ms)
 	/* This thread's own mark would never clear. */
 	if (emx_depth != 0)
 		return -EDEADLK;
-	clock_gettime(CLOCK_MONOTONIC, &deadline);
-	deadline.tv_sec += timeout_ms / 1000;
-	deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (deadline.tv_nsec >= 1000000000L) {
-		deadline.tv_sec++;
-		deadline.tv_nsec -= 1000000000L;
-	}
+	emx_deadline(timeout_ms, &deadline);
 	/* First without the flag, so that one burst stuck (in a release
 	 * callback waiting for a lock) holds nobody else up: give up here. */
-	ret = emx_wait_marks(&deadline);
+	ret = emx_wait_marks(&deadline, 1);
 	if (ret != 0)
 		return ret;
 	__atomic_store_n(&emx_closing, 1, __ATOMIC_SEQ_CST);
 	/* Every mark set before the flag was seen is seen now, with all that
 	 * the burst or free it ended did; those begun since the first wait
 	 * are waited for, and the rest wait at their start. */
-	ret = emx_wait_marks(&deadline);
+	ret = emx_wait_marks(&deadline, 1);
 	if (ret != 0)
 		emx_quiesce_end();
 	return ret;
