@@ -497,12 +497,13 @@ int rte_pktmbuf_alloc_bulk_(struct rte_mempool *mp, struct rte_mbuf **mbufs,
  * put it back may still be inside the put (flushing its cache into the
  * pool's ring, say, which also counts some mbufs twice for a moment): freeing
  * the pool then would pull the memory from under it. So puts mark themselves
- * in their thread's slot, like bursts, and a dropped pool is counted and freed
- * between emx_quiesce_begin and emx_quiesce_end: those raise a flag that holds
- * new bursts and frees at their start, and wait (bounded) for those in
- * progress to end. A count taken then is exact, and nothing touches the pool
- * while it is freed: a put needs an mbuf out, and the one put that needs none,
- * the cache flush at a thread's unregistration, is marked too.
+ * in their thread's slot, like bursts, and a dropped pool is counted between
+ * emx_quiesce_begin and emx_quiesce_end: those wait (bounded) for the bursts
+ * and frees in progress to end, and hold new ones at their start meanwhile.
+ * A count taken then is exact; if it is 0, nothing touches the pool after it
+ * (a put needs an mbuf out, and the one put that needs none, the cache flush
+ * at a thread's unregistration, walks the pool list, whose write lock
+ * emx_mempool_free takes), so the pool is freed once the window has closed.
  *
  * The marks cover the puts and never the release callback of an external
  * buffer, which runs code of the buffer's owner (that may drop a pool, take
