@@ -53,7 +53,10 @@ pub struct Completed {
 }
 
 impl Completed {
-    /// A finished receive: the buffer and what arrived, or the error.
+    /// A finished receive: the buffer and what arrived, or the error. With
+    /// the error the buffer is dropped; to keep it (a registered buffer, say),
+    /// take [`buf`](Completed::buf) and [`result`](Completed::result) apart
+    /// instead.
     pub fn into_recv(self) -> Result<(RecvBuf, RecvInfo), Error> {
         match (self.buf, self.result) {
             (Buf::Recv(b), Ok(Some(info))) => Ok((b, info)),
@@ -62,7 +65,9 @@ impl Completed {
         }
     }
 
-    /// A finished send: the buffer back, or the error.
+    /// A finished send: the buffer back, or the error. With the error the
+    /// buffer is dropped; take [`buf`](Completed::buf) and
+    /// [`result`](Completed::result) apart to keep it.
     pub fn into_send(self) -> Result<SendBuf, Error> {
         match (self.buf, self.result) {
             (Buf::Send(b), Ok(None)) => Ok(b),
