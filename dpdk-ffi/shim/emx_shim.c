@@ -169,7 +169,6 @@ static inline void emx_burst_leave(struct emx_burst_slot *s)
 	emx_mark(s, 0);
 }
 
-/* A full barrier on every thread of the process. */
 /* A full barrier on every thread of the process: 0, or -1 where only a
  * pause could stand in for one. */
 static int emx_barrier_all_threads(void)
@@ -437,7 +436,6 @@ int emx_intr_release(unsigned timeout_ms)
 	/* Ends the park (its loop sees the request change), then waits for the
 	 * thread to come round again. */
 	ret = emx_intr_ask_for(EMX_ASK_BARRIER, EMX_INTR_PASSED, timeout_ms);
-	pthread_cond_broadcast(&emx_intr_cond);
 	emx_intr_state = EMX_INTR_RUNNING;
 	pthread_mutex_unlock(&emx_intr_lock);
 	return ret;
@@ -524,21 +522,6 @@ static inline struct rte_mbuf *emx_prefree_seg(struct rte_mbuf *m,
 	return rte_pktmbuf_prefree_seg(m);
 }
 
-void rte_pktmbuf_free_(struct rte_mbuf *m)
-{
-	struct emx_burst_slot *s = emx_burst_enter();
-	struct rte_mbuf *next;
-
-	while (m != NULL) {
-		next = m->next;
-		m = emx_prefree_seg(m, &s);
-		if (m != NULL)
-			rte_mbuf_raw_free(m);
-		m = next;
-	}
-	emx_burst_leave(s);
-}
-
 #define EMX_FREE_PENDING 64
 
 void rte_pktmbuf_free_bulk_(struct rte_mbuf **mbufs, unsigned count)
@@ -568,9 +551,9 @@ void rte_pktmbuf_free_bulk_(struct rte_mbuf **mbufs, unsigned count)
 	emx_burst_leave(s);
 }
 
+void rte_pktmbuf_free_(struct rte_mbuf *m) { rte_pktmbuf_free_bulk_(&m, 1); }
+
 int emx_in_section(void) { return emx_depth != 0; }
-
-
 
 int emx_quiesce_begin(unsigned timeout_ms)
 {
