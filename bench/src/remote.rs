@@ -24,7 +24,9 @@ use dpdk_ffi::{Eal, HugepageMode, Mempool};
 use serde::{Deserialize, Serialize};
 
 use crate::link::{End, Link, SideSpec};
-use crate::session::{await_switch, spawn_echo, start_eal, two_cores, Cmd, Counters};
+use crate::session::{
+    await_switch, spawn_echo, start_eal, two_cores, Cmd, Counters, Ctl, EchoThread,
+};
 
 /// A request from the client.
 #[derive(Debug, Serialize, Deserialize)]
@@ -108,7 +110,8 @@ impl Client {
                 mtu,
                 shared,
             },
-            &mut || {},
+            // Nothing to drive yet; the server may take seconds (its link).
+            &mut || std::thread::sleep(Duration::from_millis(1)),
         )? {
             Answer::Hello { macs } if macs.len() == 3 => Ok(macs),
             a => Err(format!("unexpected answer to hello: {a:?}")),
@@ -487,6 +490,27 @@ fn send_answer(w: &mut impl Write, a: &Answer) -> Result<(), String> {
     w.write_all(&v).map_err(|e| e.to_string())
 }
 
+/// Waits for this side's ports of `link` to come up (the client's are
+/// open by the time it says hello) and starts the echo thread on them.
+fn start_echo(
+    eal: &Eal,
+    pool: &Mempool,
+    link: &Link,
+    b: &[End],
+    macs: &[[u8; 6]],
+) -> Result<(Arc<Ctl>, EchoThread), String> {
+    for c in &link.channels {
+        c.b.port.wait_link(Duration::from_secs(10)).map_err(|e| {
+            format!(
+                "{e}: this server's port did not see the client's (give both sides the same \
+                 --link, and memif ports the same socket and id)"
+            )
+        })?;
+    }
+    let (_, echo_core) = two_cores();
+    spawn_echo(eal, pool, link, b, macs, echo_core)
+}
+
 /// Serves one client on `link`: checks its hello, starts an echo thread for
 /// it, obeys its requests until it says goodbye or goes away, then stops the
 /// thread and frees the server (`release`), before it answers the goodbye so
@@ -539,14 +563,16 @@ fn serve_client(
         send_answer(&mut writer, &Answer::Failed(why.clone()))?;
         return Err(why);
     }
-    for c in &link.channels {
-        c.b.port
-            .wait_link(Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
-    }
     let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
-    let (_, echo_core) = two_cores();
-    let (ctl, thread) = spawn_echo(eal, pool, link, &b, &macs, echo_core)?;
+    // What fails from here to the hello's answer is the client's answer too:
+    // it would otherwise see only the connection close.
+    let (ctl, thread) = match start_echo(eal, pool, link, &b, &macs) {
+        Ok(started) => started,
+        Err(why) => {
+            let _ = send_answer(&mut writer, &Answer::Failed(why.clone()));
+            return Err(why);
+        }
+    };
     let mut thread = Some(thread);
     let ours: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
     // (Not `?`: the echo thread is stopped and joined below, whatever happens.)

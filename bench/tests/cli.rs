@@ -731,6 +731,47 @@ fn devargs_between_two_processes() {
     );
 }
 
+/// A server whose port never sees the client's (memif ids that differ on
+/// one socket) tells the client why, where the client used to see only the
+/// control connection close; and it serves on.
+#[test]
+fn a_server_that_cannot_start_says_why_to_its_client() {
+    let sock = format!("/tmp/emx-bench-dvx-{}.sock", std::process::id());
+    let addr = format!("127.0.0.1:{}", 20_000 + (std::process::id() + 7) % 20_000);
+    let server = format!("net_memif0,role=server,socket={sock},id=0");
+    let client = format!("net_memif0,role=client,socket={sock},id=1");
+    let mut srv = Command::new(BIN)
+        .args(["--link", "devargs", "--devargs", &server])
+        .args(["--role", "server", "--listen", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = Log::of(&mut srv);
+    let out = Command::new(BIN)
+        .args(["--link", "devargs", "--devargs", &client])
+        .args(["--role", "client", "--server", &addr])
+        .args(QUICK)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a client without a link succeeded");
+    assert!(
+        err.contains("server: ")
+            && err.contains("did not come up")
+            && err.contains("same socket and id"),
+        "{err}"
+    );
+    log.expect(1, "same socket and id)");
+    assert!(srv.try_wait().unwrap().is_none(), "the server ended");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(srv.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    srv.wait().unwrap();
+}
+
 /// Two devargs ports in one process, every test type and transport taking
 /// turns on the shared queue pair.
 #[test]
