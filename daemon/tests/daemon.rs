@@ -216,6 +216,44 @@ fn a_control_path_that_is_not_a_socket_is_left_alone() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
 }
 
+/// A second emxd starting on a control path whose lock is held (by an
+/// emxd that starts at the same moment, here by the test) is refused at
+/// once, before it could take the path for stale and replace the socket.
+#[test]
+fn a_locked_control_path_is_refused() {
+    let dir = TempDir::new("locked");
+    let control = dir.path("s.sock");
+    let lock = std::fs::File::create(dir.path("s.sock.lock")).unwrap();
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let mut child = Command::new(EMXD)
+        .args(["--config", EXAMPLE, "--node", "server", "--control"])
+        .arg(&control)
+        .env_remove("EMX_NODE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("emxd started beside a held lock");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("another emxd holds its lock"), "{err}");
+    assert!(!control.exists(), "no socket was made");
+}
+
 #[test]
 fn emxctl_without_emxd_says_how_to_start_it() {
     let dir = TempDir::new("noctl");
@@ -487,6 +525,11 @@ fn two_daemons_over_memif() {
     };
     let b_epoch = up(&a, 2);
     up(&b, 1);
+    // Owner and group may connect, whatever the umask.
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&a.control).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o660, "control socket mode {mode:o}");
     let status = b.json(&["status"]);
     assert_eq!(status["ok"], true, "{status}");
     assert_eq!(status["name"], "client");

@@ -4,7 +4,8 @@
 //! stay on the main loop's thread.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use emx_daemon::control::{reply_err, Request};
+use nix::fcntl::{Flock, FlockArg};
 use tracing::{debug, warn};
 
 /// A request for the main loop, and where its reply (one JSON line, without
@@ -24,17 +26,30 @@ pub struct Control {
     pub reply: Sender<String>,
 }
 
-/// The socket file, removed when this is dropped.
-pub struct SocketFile(PathBuf);
+/// The socket file, removed when this is dropped, and the lock on it.
+pub struct SocketFile {
+    path: PathBuf,
+    /// Held while this emxd serves the socket; released after the file is
+    /// removed. (The lock file stays: removing it would let two emxds lock
+    /// two different files by the same name.)
+    _lock: Flock<std::fs::File>,
+}
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
-/// Binds the control socket at `path`, creating its directory. A socket
-/// file left by an emxd that is gone is replaced; one that answers is not.
+/// Permissions of the control socket: its owner and group may connect
+/// (connecting needs write permission), whatever the umask.
+pub const SOCKET_MODE: u32 = 0o660;
+
+/// Binds the control socket at `path`, creating its directory, with
+/// [`SOCKET_MODE`]. A socket file left by an emxd that is gone is replaced;
+/// one that answers is not. An exclusive lock on `path` + `.lock`, held for
+/// the returned file's lifetime, keeps two emxds that start at once from
+/// both taking the path for stale and replacing each other's socket.
 pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
     let shown = path.display();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -45,15 +60,20 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
             )
         })?;
     }
-    let listener = match UnixListener::bind(path) {
+    // Whatever is there and is not a socket (a file given as --control by
+    // mistake) is left alone, and no lock file is made beside it.
+    let is_socket = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.file_type().is_socket());
+    if matches!(is_socket(path), Ok(false)) {
+        return Err(format!(
+            "control socket {shown}: something that is not a socket is there (give --control \
+             another path)"
+        ));
+    }
+    let lock = lock_beside(path)?;
+    let listener = match listen_at(path) {
         Ok(l) => l,
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            // Only a socket nobody serves is replaced: whatever else is
-            // there (a file given as --control by mistake) is left alone.
-            let is_socket = std::fs::symlink_metadata(path)
-                .map(|m| m.file_type().is_socket())
-                .unwrap_or(false);
-            if !is_socket {
+        Err(nix::errno::Errno::EADDRINUSE) => {
+            if !is_socket(path).unwrap_or(false) {
                 return Err(format!(
                     "control socket {shown}: something that is not a socket is there (give \
                      --control another path)"
@@ -77,11 +97,73 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
             std::fs::remove_file(path).map_err(|e| {
                 format!("control socket {shown}: cannot remove the stale socket: {e}")
             })?;
-            UnixListener::bind(path).map_err(|e| format!("control socket {shown}: {e}"))?
+            listen_at(path).map_err(|e| format!("control socket {shown}: {e}"))?
         }
         Err(e) => return Err(format!("control socket {shown}: {e}")),
     };
-    Ok((listener, SocketFile(path.to_owned())))
+    Ok((
+        listener,
+        SocketFile {
+            path: path.to_owned(),
+            _lock: lock,
+        },
+    ))
+}
+
+/// Takes the exclusive lock on `path` + `.lock`, or says who holds it.
+fn lock_beside(path: &Path) -> Result<Flock<std::fs::File>, String> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| {
+            format!(
+                "cannot open the control socket's lock {}: {e}",
+                lock_path.display()
+            )
+        })?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        if e == nix::errno::Errno::EWOULDBLOCK {
+            format!(
+                "control socket {}: another emxd holds its lock {} (it serves the socket or is \
+                 starting on it: stop it first, or give --control another path)",
+                path.display(),
+                lock_path.display()
+            )
+        } else {
+            format!("cannot lock {}: {e}", lock_path.display())
+        }
+    })
+}
+
+/// A listening socket bound at `path` with [`SOCKET_MODE`]: the mode is set
+/// between bind and listen, so that no client connects under the umask's.
+fn listen_at(path: &Path) -> Result<UnixListener, nix::errno::Errno> {
+    use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    socket::bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+    let listening = std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+        .map_err(|e| {
+            nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(nix::errno::Errno::EIO as i32))
+        })
+        .and_then(|()| socket::listen(&fd, Backlog::new(128)?));
+    if let Err(e) = listening {
+        // Bound by us: nobody else's file.
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(UnixListener::from(fd))
 }
 
 /// The longest request line taken (a `check` with its most sizes is a few
