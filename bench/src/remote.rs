@@ -499,11 +499,15 @@ fn start_echo(
     b: &[End],
     macs: &[[u8; 6]],
 ) -> Result<(Arc<Ctl>, EchoThread), String> {
+    const UP_WITHIN: Duration = Duration::from_secs(10);
     for c in &link.channels {
-        c.b.port.wait_link(Duration::from_secs(10)).map_err(|e| {
+        c.b.port.wait_link(UP_WITHIN).map_err(|_| {
             format!(
-                "{e}: this server's port did not see the client's (give both sides the same \
-                 --link, and memif ports the same socket and id)"
+                "this server's port {} did not come up within {} s: it does not see the \
+                 client's (give both sides the same --link; memif ports the same socket, and \
+                 for --link devargs the same id)",
+                c.b.port.name(),
+                UP_WITHIN.as_secs()
             )
         })?;
     }
@@ -560,7 +564,8 @@ fn serve_client(
             queues(shared),
             queues(link.shared),
         );
-        send_answer(&mut writer, &Answer::Failed(why.clone()))?;
+        // (the mismatch, not a failure to say it, is the error)
+        let _ = send_answer(&mut writer, &Answer::Failed(why.clone()));
         return Err(why);
     }
     let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();

@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,54 +26,57 @@ pub struct Control {
     pub reply: Sender<String>,
 }
 
-/// The socket file, removed when this is dropped, and the lock on it.
-pub struct SocketFile {
-    path: PathBuf,
-    /// Held while this emxd serves the socket; released after the file is
-    /// removed. (The lock file stays: removing it would let two emxds lock
-    /// two different files by the same name.)
-    _lock: Flock<std::fs::File>,
-}
+/// The socket file, removed when this is dropped.
+pub struct SocketFile(PathBuf);
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
-/// Permissions of the control socket: its owner and group may connect
-/// (connecting needs write permission), whatever the umask.
-pub const SOCKET_MODE: u32 = 0o660;
+/// Permissions of the control socket: only its owner may connect
+/// (connecting needs write permission), whatever the umask. (Under the
+/// usual umask, 022, that is what it was before it was set explicitly.)
+pub const SOCKET_MODE: u32 = 0o600;
+
+/// How long [`bind`] waits for another emxd binding in the same directory.
+const DIR_LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// Binds the control socket at `path`, creating its directory, with
 /// [`SOCKET_MODE`]. A socket file left by an emxd that is gone is replaced;
-/// one that answers is not. An exclusive lock on `path` + `.lock`, held for
-/// the returned file's lifetime, keeps two emxds that start at once from
-/// both taking the path for stale and replacing each other's socket.
+/// one that answers is not. The look at what is there and the bind run
+/// under an exclusive lock on the directory, so that two emxds starting at
+/// once on one path cannot both take it for stale: the second finds the
+/// first's socket listening.
 pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
     let shown = path.display();
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            format!(
-                "cannot create {} for the control socket: {e}",
-                dir.display()
-            )
-        })?;
-    }
-    // Whatever is there and is not a socket (a file given as --control by
-    // mistake) is left alone, and no lock file is made beside it.
-    let is_socket = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.file_type().is_socket());
-    if matches!(is_socket(path), Ok(false)) {
-        return Err(format!(
-            "control socket {shown}: something that is not a socket is there (give --control \
-             another path)"
-        ));
-    }
-    let lock = lock_beside(path)?;
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                format!(
+                    "cannot create {} for the control socket: {e}",
+                    dir.display()
+                )
+            })?;
+            dir
+        }
+        None => Path::new("."),
+    };
+    // (std says so for a path too long for a socket address, where nix
+    // would say only ENAMETOOLONG)
+    std::os::unix::net::SocketAddr::from_pathname(path)
+        .map_err(|e| format!("control socket {shown}: {e} (give a shorter --control)"))?;
+    let _locked = lock_dir(dir)?;
     let listener = match listen_at(path) {
         Ok(l) => l,
-        Err(nix::errno::Errno::EADDRINUSE) => {
-            if !is_socket(path).unwrap_or(false) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            // Only a socket nobody serves is replaced: whatever else is
+            // there (a file given as --control by mistake) is left alone.
+            let is_socket = std::fs::symlink_metadata(path)
+                .map(|m| m.file_type().is_socket())
+                .unwrap_or(false);
+            if !is_socket {
                 return Err(format!(
                     "control socket {shown}: something that is not a socket is there (give \
                      --control another path)"
@@ -101,50 +104,44 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
         }
         Err(e) => return Err(format!("control socket {shown}: {e}")),
     };
-    Ok((
-        listener,
-        SocketFile {
-            path: path.to_owned(),
-            _lock: lock,
-        },
-    ))
+    Ok((listener, SocketFile(path.to_owned())))
 }
 
-/// Takes the exclusive lock on `path` + `.lock`, or says who holds it.
-fn lock_beside(path: &Path) -> Result<Flock<std::fs::File>, String> {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".lock");
-    let lock_path = PathBuf::from(name);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&lock_path)
-        .map_err(|e| {
-            format!(
-                "cannot open the control socket's lock {}: {e}",
-                lock_path.display()
-            )
-        })?;
-    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
-        if e == nix::errno::Errno::EWOULDBLOCK {
-            format!(
-                "control socket {}: another emxd holds its lock {} (it serves the socket or is \
-                 starting on it: stop it first, or give --control another path)",
-                path.display(),
-                lock_path.display()
-            )
-        } else {
-            format!("cannot lock {}: {e}", lock_path.display())
+/// An exclusive lock on directory `dir`, waited for up to [`DIR_LOCK_WAIT`];
+/// `None` (and a warning) where its file system takes no locks.
+fn lock_dir(dir: &Path) -> Result<Option<Flock<std::fs::File>>, String> {
+    let shown = dir.display();
+    let mut file = std::fs::File::open(dir)
+        .map_err(|e| format!("cannot open {shown} to lock it for the control socket: {e}"))?;
+    let t = std::time::Instant::now();
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => return Ok(Some(held)),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if t.elapsed() < DIR_LOCK_WAIT => {
+                file = f;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(format!(
+                    "{shown} stayed locked for {} s: another emxd binds its control socket there \
+                     (or something else holds a lock on the directory)",
+                    DIR_LOCK_WAIT.as_secs()
+                ))
+            }
+            Err((_, e)) => {
+                warn!(dir = %shown, error = %e, "cannot lock the control socket's directory; \
+                      binding without the lock");
+                return Ok(None);
+            }
         }
-    })
+    }
 }
 
 /// A listening socket bound at `path` with [`SOCKET_MODE`]: the mode is set
 /// between bind and listen, so that no client connects under the umask's.
-fn listen_at(path: &Path) -> Result<UnixListener, nix::errno::Errno> {
+/// Where the file system refuses the mode, it says so and goes on, as it
+/// was before the mode was set.
+fn listen_at(path: &Path) -> std::io::Result<UnixListener> {
     use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
     let fd = socket::socket(
         AddressFamily::Unix,
@@ -153,15 +150,14 @@ fn listen_at(path: &Path) -> Result<UnixListener, nix::errno::Errno> {
         None,
     )?;
     socket::bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
-    let listening = std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-        .map_err(|e| {
-            nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(nix::errno::Errno::EIO as i32))
-        })
-        .and_then(|()| socket::listen(&fd, Backlog::new(128)?));
-    if let Err(e) = listening {
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE)) {
+        warn!(socket = %path.display(), error = %e,
+              "cannot set the control socket's mode to {SOCKET_MODE:o}; it keeps the umask's");
+    }
+    if let Err(e) = socket::listen(&fd, Backlog::MAXCONN) {
         // Bound by us: nobody else's file.
         let _ = std::fs::remove_file(path);
-        return Err(e);
+        return Err(e.into());
     }
     Ok(UnixListener::from(fd))
 }
