@@ -53,7 +53,8 @@
 //!   [`control::default_control_path`], `/run/emx/emxd-<node>.sock`), one
 //!   JSON request per line, one JSON reply per line: `status`, `peers`,
 //!   `stats`, `check` (echo messages of given sizes off each peer that is up
-//!   and compare every byte) and `shutdown`.
+//!   and compare every byte) and `shutdown`. It is made mode 0600, so only
+//!   emxd's own user may connect.
 //!
 //! When the node has no polling cores (inline progress), emxd's main loop
 //! drives the engine; idle, it spins for 50 us and then sleeps between polls

@@ -39,7 +39,8 @@ struct Args {
     #[arg(long, value_name = "NAME|ID")]
     node: Option<String>,
     /// The control socket. Default: /run/emx/emxd-NAME.sock with the node's
-    /// name (the directory is created).
+    /// name (the directory is created). It is made mode 0600: only the user
+    /// emxd runs as may connect.
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// The most verbose level logged, instead of logging.level in the cluster file.
