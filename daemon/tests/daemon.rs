@@ -233,35 +233,23 @@ fn a_control_path_that_is_not_a_socket_is_left_alone() {
 fn a_control_socket_is_bound_under_a_lock_on_its_directory() {
     let dir = TempDir::new("locked");
     let file = noport_config(&dir);
-    let control = dir.path("s.sock");
     let held = nix::fcntl::Flock::lock(
         std::fs::File::open(&dir.0).unwrap(),
         nix::fcntl::FlockArg::LockExclusiveNonblock,
     )
     .map_err(|(_, e)| e)
     .unwrap();
-    let mut child = Command::new(EMXD)
-        .args(["--config", file.to_str().unwrap(), "--node", "server"])
-        .arg("--control")
-        .arg(&control)
-        .env_remove("EMX_NODE")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut d = Daemon::start(&file, "server", &dir, "server.log");
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
-        child.try_wait().unwrap().is_none(),
+        d.child.try_wait().unwrap().is_none(),
         "emxd did not wait for the lock"
     );
-    assert!(!control.exists(), "emxd bound beside the lock");
+    assert!(!d.control.exists(), "emxd bound beside the lock");
     drop(held);
     // Once the lock is free it binds, and goes on to its port (which fails).
-    let status = wait_for(Duration::from_secs(10), "emxd to end", || {
-        child.try_wait().unwrap()
-    });
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let status = d.wait(Duration::from_secs(10));
+    let err = d.log();
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("cannot start node"), "{err}");
 }
