@@ -105,3 +105,47 @@ fn unknown_keys_and_bad_values_are_rejected() {
         .to_string();
     assert!(err.contains("node"), "{err}");
 }
+
+/// A pool larger than the EAL's memory fails with the pool's size and the
+/// fix for the memory the EAL runs on (here `--no-huge`: its `memory_mb`).
+#[test]
+fn a_pool_larger_than_the_eal_memory_says_what_to_give() {
+    let cfg = node(
+        r#"
+        [eal]
+        hugepages = "never"
+        memory_mb = 64
+        [link]
+        devargs = "net_memif0,role=server,socket=/tmp/emx-node-never-made.sock"
+        mtu = 9000
+        mbufs = 65535
+        [engine]
+        node = 1
+        "#,
+    );
+    let eal = cfg.eal.start().unwrap();
+    assert!(!eal.uses_hugepages());
+    let Err(e) = start_node_on(&eal, &cfg.link, &cfg.engine) else {
+        panic!("a pool of 65535 jumbo mbufs fits in 64 MiB")
+    };
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            e,
+            emx::runtime::Error::Pool {
+                mbufs: 65535,
+                hugepages: false,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("cannot create the mbuf pool, 65535 mbufs"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("give the EAL more memory (memory.memory_mb"),
+        "{msg}"
+    );
+}

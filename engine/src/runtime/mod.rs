@@ -77,11 +77,12 @@ pub enum Error {
     #[error(transparent)]
     Io(#[from] crate::io::IoError),
     /// The port's mbuf pool could not be created (most often: the EAL has
-    /// too little memory for it).
+    /// too little memory for it: too few free hugepages, or with `--no-huge`
+    /// too small a `memory_mb`).
     #[error(
         "cannot create the mbuf pool, {mbufs} mbufs of {room} bytes (about {mib} MiB of the \
-         EAL's memory): {source}; give the EAL more memory (memory.memory_mb in a cluster file, \
-         EalConfig::memory_mb), fewer mbufs or a smaller MTU"
+         EAL's memory): {source}; {}",
+        pool_fix(*.hugepages, *.mib)
     )]
     Pool {
         /// Mbufs asked for.
@@ -90,6 +91,8 @@ pub enum Error {
         room: u16,
         /// What they take at least, in MiB.
         mib: u64,
+        /// Whether the EAL runs on hugepages (the fix differs).
+        hugepages: bool,
         /// What DPDK said.
         #[source]
         source: crate::io::IoError,
@@ -97,4 +100,56 @@ pub enum Error {
     /// The polling thread could not start or died.
     #[error("polling thread: {0}")]
     Thread(String),
+}
+
+/// What to change when the mbuf pool does not fit: on hugepages the EAL takes
+/// its memory from the free hugepages as it goes (its `memory_mb` bounds
+/// nothing there), with `--no-huge` from the `memory_mb` it was given.
+fn pool_fix(hugepages: bool, mib: u64) -> String {
+    if hugepages {
+        format!(
+            "the EAL runs on hugepages and too few are free (the pool alone takes about {pages} \
+             pages of 2 MiB): reserve more (as root: EMX_HUGEPAGES=N scripts/setup.sh, N above \
+             the {pages} and what else runs on them, or raise \
+             /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages), run without them \
+             (memory.hugepages = \"never\" in a cluster file, Hugepages::Never in an \
+             EalConfig), or use fewer mbufs or a smaller MTU",
+            pages = mib.div_ceil(2)
+        )
+    } else {
+        "give the EAL more memory (memory.memory_mb in a cluster file, EalConfig::memory_mb), \
+         fewer mbufs or a smaller MTU"
+            .into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool_error(hugepages: bool) -> String {
+        Error::Pool {
+            mbufs: 65535,
+            room: 10368,
+            mib: 655,
+            hugepages,
+            source: crate::io::IoError::Setup("Cannot allocate memory".into()),
+        }
+        .to_string()
+    }
+
+    /// On hugepages the EAL's `memory_mb` bounds nothing: the fix is more
+    /// free hugepages (or none), not more `memory_mb`.
+    #[test]
+    fn a_pool_that_does_not_fit_names_the_fix_for_its_memory() {
+        let huge = pool_error(true);
+        assert!(huge.contains("about 655 MiB") && huge.contains("Cannot allocate memory"));
+        assert!(huge.contains("about 328 pages of 2 MiB"), "{huge}");
+        assert!(huge.contains("EMX_HUGEPAGES=N scripts/setup.sh"), "{huge}");
+        assert!(huge.contains("memory.hugepages = \"never\""), "{huge}");
+        assert!(!huge.contains("memory_mb"), "{huge}");
+        let small = pool_error(false);
+        assert!(small.contains("memory.memory_mb"), "{small}");
+        assert!(!small.contains("hugepages"), "{small}");
+    }
 }

@@ -183,6 +183,7 @@ pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Res
         mbufs: link.mbufs,
         room,
         mib: link.pool_bytes().div_ceil(1 << 20),
+        hugepages: eal.uses_hugepages(),
         source: e.into(),
     })?;
     let pcfg = PortConfig {
