@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Builds the emx node image (tag emx-node:latest, and emx-node:<content hash>)
+# Builds the emx node image (tag emx-node:<content hash>, and emx-node:latest)
 # FROM scratch: emxd and emxctl linked statically against DPDK, the
 # entrypoint's few tools from this machine (sh, ip, sleep), and the shared
 # libraries ldd lists for all of them (glibc, libnuma, libbpf, ...). No
 # registry is needed. The image is cached: when the binaries and libraries hash the
-# same as an existing image, nothing is rebuilt.
+# same as an existing image, nothing is rebuilt. Prints the content-hash tag
+# (the one a run should use: another tree's build may move latest) on
+# stdout, everything else on stderr.
 #
 # Takes about 2 minutes the first time on 2 cores (the static build compiles
 # the workspace into target/static), seconds afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Only the tag goes to stdout (fd 3 keeps it); whatever the steps print goes to stderr.
+exec 3>&1 1>&2
 start=$(date +%s)
 command -v docker >/dev/null || { echo "build-image: docker is not installed" >&2; exit 1; }
 bash scripts/setup.sh
@@ -46,3 +50,4 @@ else
 fi
 docker tag "emx-node:$hash" emx-node:latest
 echo "build-image: done in $(( $(date +%s) - start )) s ($(du -sh "$ctx/rootfs" | cut -f1) image)" >&2
+echo "emx-node:$hash" >&3

@@ -10,9 +10,13 @@
 #   3. it is started again: it rejoins with a new epoch, and checks pass again.
 # Before the check, with the tap port, n1's tap gets DPDK's MAC back as when
 # DPDK starts the port, and the entrypoint must take it back at once.
-# Everything is removed at the end, also after a failure or Ctrl-C.
+# Everything is removed at the end, also after a failure or Ctrl-C, unless
+# EMX_KEEP is set: then the containers stay up for a look, and the script says
+# how to reach them and how to remove them. What a run killed outright
+# (SIGKILL, a test runner's timeout) left, containers and network labelled
+# with its pid, the next run removes once that pid is gone; kept runs stay.
 #
-# Usage: docker/testbed.sh [N]
+# Usage: [EMX_KEEP=1] [EMX_DOCKER_PORT=tap|af_packet] docker/testbed.sh [N]
 set -euo pipefail
 N=${1:-3}
 cd "$(dirname "$0")/.."
@@ -29,7 +33,29 @@ else
 fi
 [ "$N" -ge 2 ] 2>/dev/null || { echo "docker testbed: N must be a number >= 2" >&2; exit 1; }
 
-bash docker/build-image.sh
+# What runs killed outright left (not kept ones, nor live runs'): containers,
+# networks and work directories, each named or labelled with its run's pid.
+# (A pid that is a zombie counts as gone: nothing may have reaped it yet.)
+alive() { case "$(ps -o stat= -p "$1" 2>/dev/null)" in "" | Z*) return 1 ;; esac; }
+stale() { [[ $1 =~ ^[0-9]+$ ]] && [ -z "$2" ] && ! alive "$1"; }
+docker ps -a --filter label=emx.testbed --format '{{.ID}} {{.Label "emx.testbed"}} {{.Label "emx.keep"}}' \
+    | while read -r id pid keep; do
+        if stale "$pid" "$keep"; then docker rm -f "$id" >/dev/null 2>&1 || true; fi
+    done
+docker network ls --filter label=emx.testbed --format '{{.ID}} {{.Label "emx.testbed"}} {{.Label "emx.keep"}}' \
+    | while read -r id pid keep; do
+        if stale "$pid" "$keep"; then docker network rm "$id" >/dev/null 2>&1 || true; fi
+    done
+for dir in /tmp/emx-docker.*.*; do
+    [ -d "$dir" ] || continue
+    pid=${dir#/tmp/emx-docker.}
+    pid=${pid%%.*}
+    if stale "$pid" "$([ -e "$dir/kept" ] && echo kept)"; then rm -rf "$dir"; fi
+done
+
+# This tree's image, by its content tag: another tree's build may move latest.
+IMAGE=$(bash docker/build-image.sh | tail -n 1)
+[[ $IMAGE =~ ^emx-node:[0-9a-f]+$ ]] || { echo "docker testbed: docker/build-image.sh gave no image tag" >&2; exit 1; }
 
 # Each node's DPDK port: a tap device, which the image's entrypoint bridges
 # to the container's eth0, or eth0 itself through an af_packet socket
@@ -51,8 +77,14 @@ if [ "${EMX_DOCKER_PORT:-tap}" = tap ]; then
     DEVICES='"/dev/net/tun:/dev/net/tun"'
 fi
 PROJECT="emxtb$$"
-WORK=$(mktemp -d /tmp/emx-docker.XXXXXX)
+WORK=$(mktemp -d "/tmp/emx-docker.$$.XXXXXX")
 DEADLINE_MS=1000
+# Labels on what the run makes: its pid (for the sweep above), and whether it is kept.
+LABELS="emx.testbed: \"$$\""
+if [ -n "${EMX_KEEP:-}" ]; then
+    LABELS="$LABELS, emx.keep: \"1\""
+    touch "$WORK/kept"
+fi
 say() { echo "testbed: $*"; }
 compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$WORK/compose.yml" "$@"; }
 
@@ -62,8 +94,15 @@ cleanup() {
         say "FAILED; container logs:"
         compose logs --tail 20 2>/dev/null || true
     fi
-    [ -n "${EMX_KEEP:-}" ] || compose down --volumes --timeout 5 >/dev/null 2>&1 || true
-    rm -rf "$WORK"
+    if [ -n "${EMX_KEEP:-}" ]; then
+        # The containers mount the cluster file from $WORK: it stays with them.
+        say "kept (EMX_KEEP): project $PROJECT, files in $WORK"
+        say "  look: ${COMPOSE[*]} -p $PROJECT -f $WORK/compose.yml exec n1 emxctl --control /run/emx/emxd.sock peers"
+        say "  remove: ${COMPOSE[*]} -p $PROJECT -f $WORK/compose.yml down --volumes --timeout 5 && rm -rf $WORK"
+    else
+        compose down --volumes --timeout 5 >/dev/null 2>&1 || true
+        rm -rf "$WORK"
+    fi
     exit "$rc"
 }
 trap cleanup EXIT
@@ -81,7 +120,7 @@ chmod 644 "$WORK/cluster.toml"
     for i in $(seq 1 "$N"); do
         cat <<YAML
   n$i:
-    image: emx-node:latest
+    image: $IMAGE
     hostname: n$i
     environment:
       EMX_NODE: n$i
@@ -94,9 +133,10 @@ chmod 644 "$WORK/cluster.toml"
     stop_signal: SIGTERM
     stop_grace_period: 10s
     networks: [emx]
+    labels: { $LABELS }
 YAML
     done
-    printf 'networks:\n  emx:\n    driver: bridge\n'
+    printf 'networks:\n  emx:\n    driver: bridge\n    labels: { %s }\n' "$LABELS"
 } > "$WORK/compose.yml"
 
 ctl() { local i=$1; shift; compose exec -T "n$i" /usr/local/bin/emxctl --control /run/emx/emxd.sock "$@"; }
@@ -145,7 +185,7 @@ tap_mac_is_repaired() {
     return 1
 }
 
-say "starting $N containers"
+say "project $PROJECT: starting $N containers of $IMAGE"
 compose up -d >/dev/null 2>&1 || compose up -d
 if [ -n "$TAP" ]; then
     wait_up 1

@@ -59,8 +59,10 @@ trap 'exit 130' INT TERM
 
 # What a run killed outright (SIGKILL, a test runner's timeout) left: its
 # namespaces (their veths go with them) and bridge, named after its pid,
-# removed once that pid is gone. A live run's are left alone.
-stale_pid() { [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] && ! kill -0 "${BASH_REMATCH[1]}" 2>/dev/null; }
+# removed once that pid is gone (a zombie counts as gone: nothing may have
+# reaped it yet). A live run's are left alone.
+alive() { case "$(ps -o stat= -p "$1" 2>/dev/null)" in "" | Z*) return 1 ;; esac; }
+stale_pid() { [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] && ! alive "${BASH_REMATCH[1]}"; }
 for ns in $(ip netns list | awk '{print $1}'); do
     if stale_pid "$ns"; then ip netns del "$ns" 2>/dev/null || true; fi
 done

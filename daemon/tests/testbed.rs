@@ -36,24 +36,61 @@ fn namespace_testbed_3_nodes() {
         nix::unistd::geteuid().is_root(),
         "the namespace testbed needs root (network namespaces): run the tests as root"
     );
+    // What a run killed outright left: a namespace and a bridge named after
+    // its pid, gone but not yet reaped (a zombie). The next run removes them.
+    let mut dead = zombie();
+    let (ns, br) = (
+        format!("emxt{}n1", dead.id()),
+        format!("emxt{}br", dead.id()),
+    );
+    let ip = |args: &[&str]| {
+        Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    assert!(ip(&["netns", "add", &ns]));
+    assert!(ip(&["link", "add", &br, "type", "bridge"]));
     let (ok, text) = run_script("scripts/testbed-netns.sh", &[]);
+    let ns_there = Path::new("/run/netns").join(&ns).exists();
+    let br_there = ip(&["link", "show", &br]);
+    ip(&["netns", "del", &ns]);
+    ip(&["link", "del", &br]);
+    dead.wait().expect("reap the zombie");
     assert!(ok, "{text}");
     assert!(text.contains("cluster check passed"), "{text}");
+    assert!(
+        !ns_there && !br_there,
+        "a killed run's namespace or bridge outlived the next run"
+    );
 }
 
-#[test]
-fn docker_testbed_3_nodes() {
-    let docker = Command::new("docker")
-        .args(["info", "--format", "{{.ServerVersion}}"])
-        .output();
-    match docker {
-        Ok(o) if o.status.success() => {}
-        _ => {
-            eprintln!(
-                "SKIPPED docker_testbed_3_nodes: no Docker engine answers `docker info` here"
-            );
-            return;
+/// A child that has exited and is not reaped yet: its pid names a process
+/// that is gone, which `kill -0` still finds. Reap it with `wait`.
+fn zombie() -> std::process::Child {
+    let mut c = Command::new("true").spawn().expect("run true");
+    let stat = format!("/proc/{}/stat", c.id());
+    for _ in 0..1000 {
+        let state = std::fs::read_to_string(&stat).unwrap_or_default();
+        if state
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+        {
+            return c;
         }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+    panic!("`true` did not exit within 5 s");
+}
+
+/// Whether Docker with Compose answers here; says why `test` is skipped when not.
+fn docker_and_compose(test: &str) -> bool {
+    if !docker(&["info", "--format", "{{.ServerVersion}}"]).0 {
+        eprintln!("SKIPPED {test}: no Docker engine answers `docker info` here");
+        return false;
     }
     let compose = |args: &[&str]| {
         Command::new(args[0])
@@ -63,12 +100,138 @@ fn docker_testbed_3_nodes() {
     };
     if !compose(&["docker", "compose", "version"]) && !compose(&["docker-compose", "version"]) {
         eprintln!(
-            "SKIPPED docker_testbed_3_nodes: Docker answers, but without Compose (install the \
-             docker compose plugin or docker-compose)"
+            "SKIPPED {test}: Docker answers, but without Compose (install the docker compose \
+             plugin or docker-compose)"
         );
+        return false;
+    }
+    true
+}
+
+#[test]
+fn docker_testbed_3_nodes() {
+    if !docker_and_compose("docker_testbed_3_nodes") {
         return;
     }
+    // What a run killed outright would have left (its network, labelled
+    // with its pid, gone but not yet reaped), and what a kept run left: the
+    // next run removes the first and leaves the second.
+    let mut zombie = zombie();
+    let dead = zombie.id();
+    let plant = |name: &str, keep: bool| {
+        let mut args = vec!["network".to_string(), "create".into()];
+        args.extend(["--label".into(), format!("emx.testbed={dead}")]);
+        if keep {
+            args.extend(["--label".into(), "emx.keep=1".into()]);
+        }
+        args.push(name.into());
+        assert!(docker(&args.iter().map(String::as_str).collect::<Vec<_>>()).0);
+    };
+    let (stale, kept) = (format!("emxtb{dead}_stale"), format!("emxtb{dead}_kept"));
+    plant(&stale, false);
+    plant(&kept, true);
+
     let (ok, text) = run_script("docker/testbed.sh", &[]);
+    let kept_there = docker(&["network", "inspect", &kept]).0;
+    let stale_there = docker(&["network", "inspect", &stale]).0;
+    docker(&["network", "rm", &stale, &kept]);
+    zombie.wait().expect("reap the zombie");
     assert!(ok, "{text}");
     assert!(text.contains("cluster check passed"), "{text}");
+    assert!(!stale_there, "a killed run's network outlived the next run");
+    assert!(kept_there, "the next run removed a kept run's network");
+    let project = project_of(&text);
+    assert_eq!(
+        left_of(&project),
+        "",
+        "{project} left containers or networks"
+    );
+}
+
+/// `EMX_KEEP`: the containers stay up, with the files they mount, and the
+/// command the script gives removes them.
+#[test]
+fn docker_testbed_kept_stays_until_removed() {
+    if !docker_and_compose("docker_testbed_kept_stays_until_removed") {
+        return;
+    }
+    let out = Command::new("bash")
+        .arg(root().join("docker/testbed.sh"))
+        .arg("2")
+        .env("EMX_KEEP", "1")
+        .output()
+        .expect("run bash");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let project = project_of(&text);
+    let remove = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("testbed:   remove: "))
+        .map(str::to_string);
+    let running = docker(&[
+        "ps",
+        "-q",
+        "--filter",
+        &format!("label=com.docker.compose.project={project}"),
+        "--filter",
+        "status=running",
+    ])
+    .1;
+    let removed = remove.as_deref().map(|cmd| {
+        Command::new("bash")
+            .args(["-c", cmd])
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("cluster check passed"), "{text}");
+    assert_eq!(
+        running.lines().count(),
+        2,
+        "kept containers not running: {text}"
+    );
+    let remove = remove.unwrap_or_else(|| panic!("no remove command: {text}"));
+    let work = remove
+        .rsplit(' ')
+        .next()
+        .expect("the work directory")
+        .to_string();
+    assert_eq!(removed, Some(true), "{remove}");
+    assert!(!Path::new(&work).exists(), "{work} left");
+    assert_eq!(
+        left_of(&project),
+        "",
+        "{project} left containers or networks"
+    );
+}
+
+/// Runs docker with `args`: whether it succeeded, and its stdout.
+fn docker(args: &[&str]) -> (bool, String) {
+    match Command::new("docker").args(args).output() {
+        Ok(o) => (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into(),
+        ),
+        Err(_) => (false, String::new()),
+    }
+}
+
+/// The compose project a testbed run named (`testbed: project emxtbN: ...`).
+fn project_of(text: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix("testbed: project "))
+        .and_then(|l| l.split(':').next())
+        .unwrap_or_else(|| panic!("no project line: {text}"))
+        .to_string()
+}
+
+/// The containers and networks of compose project `project` still there.
+fn left_of(project: &str) -> String {
+    let label = format!("label=com.docker.compose.project={project}");
+    let containers = docker(&["ps", "-a", "-q", "--filter", &label]).1;
+    let networks = docker(&["network", "ls", "-q", "--filter", &label]).1;
+    format!("{containers}{networks}").trim().to_string()
 }
