@@ -16,12 +16,16 @@ cd "$(dirname "$0")/.."
 exec 3>&1 1>&2
 start=$(date +%s)
 command -v docker >/dev/null || { echo "build-image: docker is not installed" >&2; exit 1; }
-bash scripts/setup.sh
+# (fd 3, the tag's way out, is closed for everything the build runs, so that
+# nothing that outlives it holds the caller's pipe open.)
+bash scripts/setup.sh 3>&-
 echo "build-image: building emxd and emxctl with DPDK linked statically (target/static)..." >&2
 CARGO_TARGET_DIR=target/static EMX_DPDK_STATIC=1 \
-    cargo build --release --quiet -p emx-daemon --bin emxd --bin emxctl
-ctx=target/docker
-rm -rf "$ctx"
+    cargo build --release --quiet -p emx-daemon --bin emxd --bin emxctl 3>&-
+# A context of this run's own: two builds at once in one tree must not share one.
+mkdir -p target
+ctx=$(mktemp -d target/docker.XXXXXX)
+trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/etc/emx" "$ctx/rootfs/run/emx" \
     "$ctx/rootfs/tmp" "$ctx/rootfs/var/run"
 chmod 1777 "$ctx/rootfs/tmp"
@@ -44,8 +48,8 @@ hash=$(cd "$ctx" && find . -type f | LC_ALL=C sort | xargs sha256sum | sha256sum
 if docker image inspect "emx-node:$hash" >/dev/null 2>&1; then
     echo "build-image: emx-node:$hash is up to date (cached)" >&2
 else
-    DOCKER_BUILDKIT=0 docker build --quiet -t "emx-node:$hash" "$ctx" >/dev/null 2>&1 \
-        || docker build -t "emx-node:$hash" "$ctx"
+    DOCKER_BUILDKIT=0 docker build --quiet -t "emx-node:$hash" "$ctx" >/dev/null 2>&1 3>&- \
+        || docker build -t "emx-node:$hash" "$ctx" 3>&-
     echo "build-image: built emx-node:$hash" >&2
 fi
 docker tag "emx-node:$hash" emx-node:latest

@@ -35,23 +35,31 @@ fi
 
 # What runs killed outright left (not kept ones, nor live runs'): containers,
 # networks and work directories, each named or labelled with its run's pid.
-# (A pid that is a zombie counts as gone: nothing may have reaped it yet.)
+# Only this user's runs in this pid namespace are looked at (the Docker engine
+# may serve other users, and containers whose pids mean something else); a
+# pid that is a zombie counts as gone (nothing may have reaped it yet), and
+# one that is this run's own is an earlier run's (nothing of this one exists yet).
+OWNER="$(id -u):$(readlink /proc/self/ns/pid 2>/dev/null || echo unknown)"
 alive() { case "$(ps -o stat= -p "$1" 2>/dev/null)" in "" | Z*) return 1 ;; esac; }
-stale() { [[ $1 =~ ^[0-9]+$ ]] && [ -z "$2" ] && ! alive "$1"; }
-docker ps -a --filter label=emx.testbed --format '{{.ID}} {{.Label "emx.testbed"}} {{.Label "emx.keep"}}' \
-    | while read -r id pid keep; do
-        if stale "$pid" "$keep"; then docker rm -f "$id" >/dev/null 2>&1 || true; fi
+stale() { [[ $1 =~ ^[0-9]+$ ]] && [ -z "$2" ] && { [ "$1" = $$ ] || ! alive "$1"; }; }
+sweep() { # docker ps -a | docker network ls, and how to remove one
+    local what=$1 rm=$2 id pid keep owner
+    docker $what --filter label=emx.testbed --filter "label=emx.owner=$OWNER" \
+        --format '{{.ID}} {{.Label "emx.testbed"}} {{.Label "emx.owner"}} {{.Label "emx.keep"}}' \
+        | while read -r id pid owner keep; do
+            if stale "$pid" "$keep"; then docker $rm "$id" >/dev/null 2>&1 || true; fi
+        done
+}
+if command -v ps >/dev/null; then
+    sweep "ps -a" "rm -f"
+    sweep "network ls" "network rm"
+    for dir in /tmp/emx-docker.*.*; do
+        [ -d "$dir" ] && [ -O "$dir" ] || continue
+        old=${dir#/tmp/emx-docker.}
+        old=${old%%.*}
+        if stale "$old" "$([ -e "$dir/kept" ] && echo kept)"; then rm -rf "$dir" 2>/dev/null || true; fi
     done
-docker network ls --filter label=emx.testbed --format '{{.ID}} {{.Label "emx.testbed"}} {{.Label "emx.keep"}}' \
-    | while read -r id pid keep; do
-        if stale "$pid" "$keep"; then docker network rm "$id" >/dev/null 2>&1 || true; fi
-    done
-for dir in /tmp/emx-docker.*.*; do
-    [ -d "$dir" ] || continue
-    pid=${dir#/tmp/emx-docker.}
-    pid=${pid%%.*}
-    if stale "$pid" "$([ -e "$dir/kept" ] && echo kept)"; then rm -rf "$dir"; fi
-done
+fi
 
 # This tree's image, by its content tag: another tree's build may move latest.
 IMAGE=$(bash docker/build-image.sh | tail -n 1)
@@ -79,11 +87,13 @@ fi
 PROJECT="emxtb$$"
 WORK=$(mktemp -d "/tmp/emx-docker.$$.XXXXXX")
 DEADLINE_MS=1000
-# Labels on what the run makes: its pid (for the sweep above), and whether it is kept.
-LABELS="emx.testbed: \"$$\""
+# Labels on what the run makes: its pid and owner (for the sweep above), and
+# whether it is kept (EMX_KEEP's value).
+LABELS="emx.testbed: \"$$\", emx.owner: \"$OWNER\""
 if [ -n "${EMX_KEEP:-}" ]; then
-    LABELS="$LABELS, emx.keep: \"1\""
-    touch "$WORK/kept"
+    [[ $EMX_KEEP =~ ^[A-Za-z0-9._-]+$ ]] || { echo "docker testbed: EMX_KEEP is a word (letters, digits, . _ -)" >&2; exit 1; }
+    LABELS="$LABELS, emx.keep: \"$EMX_KEEP\""
+    echo "$EMX_KEEP" > "$WORK/kept"
 fi
 say() { echo "testbed: $*"; }
 compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$WORK/compose.yml" "$@"; }

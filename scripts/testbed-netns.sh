@@ -60,9 +60,13 @@ trap 'exit 130' INT TERM
 # What a run killed outright (SIGKILL, a test runner's timeout) left: its
 # namespaces (their veths go with them) and bridge, named after its pid,
 # removed once that pid is gone (a zombie counts as gone: nothing may have
-# reaped it yet). A live run's are left alone.
+# reaped it yet; this run's own pid is an earlier run's: nothing of this one
+# exists yet). A live run's are left alone, and without ps nothing is removed.
 alive() { case "$(ps -o stat= -p "$1" 2>/dev/null)" in "" | Z*) return 1 ;; esac; }
-stale_pid() { [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] && ! alive "${BASH_REMATCH[1]}"; }
+stale_pid() {
+    command -v ps >/dev/null && [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] \
+        && { [ "${BASH_REMATCH[1]}" = $$ ] || ! alive "${BASH_REMATCH[1]}"; }
+}
 for ns in $(ip netns list | awk '{print $1}'); do
     if stale_pid "$ns"; then ip netns del "$ns" 2>/dev/null || true; fi
 done

@@ -116,11 +116,19 @@ fn docker_testbed_3_nodes() {
     // What a run killed outright would have left (its network, labelled
     // with its pid, gone but not yet reaped), and what a kept run left: the
     // next run removes the first and leaves the second.
+    // (What a killed run of this test planted goes first.)
+    remove_labelled("emx.test=planted");
     let mut zombie = zombie();
     let dead = zombie.id();
     let plant = |name: &str, keep: bool| {
         let mut args = vec!["network".to_string(), "create".into()];
-        args.extend(["--label".into(), format!("emx.testbed={dead}")]);
+        for label in [
+            format!("emx.testbed={dead}"),
+            format!("emx.owner={}", owner()),
+            "emx.test=planted".into(),
+        ] {
+            args.extend(["--label".into(), label]);
+        }
         if keep {
             args.extend(["--label".into(), "emx.keep=1".into()]);
         }
@@ -155,10 +163,20 @@ fn docker_testbed_kept_stays_until_removed() {
     if !docker_and_compose("docker_testbed_kept_stays_until_removed") {
         return;
     }
+    // What a killed run of this test kept goes first (no run sweeps kept ones).
+    remove_labelled("emx.keep=emx-test");
+    for dir in std::fs::read_dir("/tmp").expect("list /tmp").flatten() {
+        let kept = dir.path().join("kept");
+        if dir.file_name().to_string_lossy().starts_with("emx-docker.")
+            && std::fs::read_to_string(&kept).is_ok_and(|k| k.trim() == "emx-test")
+        {
+            let _ = std::fs::remove_dir_all(dir.path());
+        }
+    }
     let out = Command::new("bash")
         .arg(root().join("docker/testbed.sh"))
         .arg("2")
-        .env("EMX_KEEP", "1")
+        .env("EMX_KEEP", "emx-test")
         .output()
         .expect("run bash");
     let text = format!(
@@ -217,6 +235,29 @@ fn docker(args: &[&str]) -> (bool, String) {
         ),
         Err(_) => (false, String::new()),
     }
+}
+
+/// Removes the containers, then the networks, that carry `label`.
+fn remove_labelled(label: &str) {
+    let filter = format!("label={label}");
+    for id in docker(&["ps", "-a", "-q", "--filter", &filter]).1.lines() {
+        docker(&["rm", "-f", id]);
+    }
+    for id in docker(&["network", "ls", "-q", "--filter", &filter])
+        .1
+        .lines()
+    {
+        docker(&["network", "rm", id]);
+    }
+}
+
+/// What docker/testbed.sh labels its things' owner with: this user, in
+/// this pid namespace.
+fn owner() -> String {
+    let ns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    format!("{}:{ns}", nix::unistd::getuid())
 }
 
 /// The compose project a testbed run named (`testbed: project emxtbN: ...`).

@@ -4,8 +4,10 @@
 //! [`step`](Sim::step) jumps to the next event (a frame arriving or a core's timer),
 //! delivers, fires timers, and drains every core's transmissions onto the link. The link
 //! models latency, per-sender serialization at a bandwidth, and seeded faults: loss,
-//! duplication, reordering (an extra random delay) and corruption (flipped bytes or a
-//! truncated frame). Frames are routed by destination MAC, like a switch.
+//! duplication, reordering (an extra random delay), late frames (held long enough that
+//! their retransmissions, and what follows them, arrive first: a frame stuck in a switch
+//! buffer or a descheduled sender's queue) and corruption (flipped bytes or a truncated
+//! frame). Frames are routed by destination MAC, like a switch.
 //!
 //! It is test and measurement scaffolding: it allocates freely and copies payload (the
 //! runtime attaches it zero-copy instead). It must not be used on a data path.
@@ -59,6 +61,12 @@ pub struct LinkConfig {
     pub reorder: f64,
     /// Largest extra delay of a reordered frame.
     pub reorder_delay: Duration,
+    /// Probability a frame (each copy of a duplicated one on its own) arrives late:
+    /// between a quarter of `late_delay` and all of it after its time.
+    pub late: f64,
+    /// Largest delay of a late frame: beyond the retransmission timeout, so that a
+    /// late frame comes after its own retransmission.
+    pub late_delay: Duration,
     /// Probability a frame is corrupted (bytes flipped, or cut short).
     pub corrupt: f64,
     /// Seed of the fault generator.
@@ -74,6 +82,8 @@ impl Default for LinkConfig {
             duplicate: 0.0,
             reorder: 0.0,
             reorder_delay: Duration::from_micros(20),
+            late: 0.0,
+            late_delay: Duration::from_millis(3),
             corrupt: 0.0,
             seed: 1,
         }
@@ -93,6 +103,8 @@ pub struct SimStats {
     pub duplicated: u64,
     /// Frames delayed out of order.
     pub reordered: u64,
+    /// Frames (or duplicate copies) delivered late.
+    pub late: u64,
     /// Frames corrupted.
     pub corrupted: u64,
     /// Frames to or from a node that is down, or to no node at all.
@@ -357,9 +369,21 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
         if self.rng.chance(self.link.duplicate) {
             self.stats.duplicated += 1;
             let later = at + Duration::from_nanos(self.rng.below(2_000));
+            let later = self.maybe_late(later);
             self.push(later, dst, corrupted, bytes.clone());
         }
+        let at = self.maybe_late(at);
         self.push(at, dst, corrupted, bytes);
+    }
+
+    /// `at`, or a late frame's time after it (see [`LinkConfig::late`]).
+    fn maybe_late(&mut self, at: Time) -> Time {
+        if !self.rng.chance(self.link.late) {
+            return at;
+        }
+        self.stats.late += 1;
+        let most = self.link.late_delay.as_nanos() as u64;
+        at + Duration::from_nanos(most / 4 + self.rng.below(most - most / 4 + 1))
     }
 
     fn push(&mut self, at: Time, dst: usize, corrupted: bool, bytes: Vec<u8>) {

@@ -84,17 +84,22 @@ fn scenario(max_nodes: usize, max_msgs: usize, max_loss: f64) -> impl Strategy<V
             0.0..0.05f64,
             0.0..0.2f64,
             prop::bool::weighted(0.3),
+            // Late frames (past their retransmission) on a third of the links.
+            prop_oneof![2 => Just(0.0), 1 => 0.0..0.03f64],
             any::<u64>(),
         )
-            .prop_map(|(loss, duplicate, reorder, corrupt, seed)| LinkConfig {
-                loss,
-                duplicate,
-                reorder,
-                reorder_delay: Duration::from_micros(30),
-                corrupt: if corrupt { 0.01 } else { 0.0 },
-                seed,
-                ..LinkConfig::default()
-            });
+            .prop_map(
+                |(loss, duplicate, reorder, corrupt, late, seed)| LinkConfig {
+                    loss,
+                    duplicate,
+                    reorder,
+                    reorder_delay: Duration::from_micros(30),
+                    late,
+                    corrupt: if corrupt { 0.01 } else { 0.0 },
+                    seed,
+                    ..LinkConfig::default()
+                },
+            );
         (
             Just(n),
             prop::collection::vec(msg, 1..=max_msgs),
