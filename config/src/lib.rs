@@ -47,7 +47,7 @@
 //!
 //! [memory]
 //! hugepages = "never"     # "auto" | "require" | "never" (--no-huge) ["auto"]
-//! memory_mb = 256         # EAL memory, MiB [512]
+//! memory_mb = 256         # EAL memory, MiB; on hugepages, what must be free to use them [512]
 //! region_mb = 64          # memory registered for zero-copy sends, MiB [64]
 //!
 //! [logging]

@@ -26,6 +26,11 @@ impl Errno {
     pub fn from_ret(ret: i32) -> Errno {
         Errno(ret.saturating_abs())
     }
+
+    /// `ENOMEM`: the EAL had no memory for what was asked.
+    pub fn is_out_of_memory(self) -> bool {
+        self.0 == libc::ENOMEM
+    }
 }
 
 impl fmt::Display for Errno {

@@ -76,9 +76,9 @@ pub enum Error {
     /// The link failed.
     #[error(transparent)]
     Io(#[from] crate::io::IoError),
-    /// The port's mbuf pool could not be created (most often: the EAL has
-    /// too little memory for it: too few free hugepages, or with `--no-huge`
-    /// too small a `memory_mb`).
+    /// The EAL has no memory for the port's mbuf pool (too few free
+    /// hugepages, or with `--no-huge` too small a `memory_mb`). Other
+    /// failures to make the pool are [`Error::Io`].
     #[error(
         "cannot create the mbuf pool, {mbufs} mbufs of {room} bytes (about {mib} MiB of the \
          EAL's memory): {source}; {}",
@@ -103,18 +103,20 @@ pub enum Error {
 }
 
 /// What to change when the mbuf pool does not fit: on hugepages the EAL takes
-/// its memory from the free hugepages as it goes (its `memory_mb` bounds
-/// nothing there), with `--no-huge` from the `memory_mb` it was given.
+/// its memory from the free hugepages as it goes (its `memory_mb` is only
+/// what `auto` and `require` look for at start), with `--no-huge` from the
+/// `memory_mb` it was given.
 fn pool_fix(hugepages: bool, mib: u64) -> String {
     if hugepages {
         format!(
             "the EAL runs on hugepages and too few are free (the pool alone takes about {pages} \
-             pages of 2 MiB): reserve more (as root: EMX_HUGEPAGES=N scripts/setup.sh, N above \
-             the {pages} and what else runs on them, or raise \
-             /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages), run without them \
-             (memory.hugepages = \"never\" in a cluster file, Hugepages::Never in an \
-             EalConfig), or use fewer mbufs or a smaller MTU",
-            pages = mib.div_ceil(2)
+             of 2 MiB): reserve more (EMX_HUGEPAGES=N scripts/setup.sh, or echo N | sudo tee \
+             /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages, with N above the {pages} \
+             and what else runs on them), run without them with memory_mb at least {need} \
+             (hugepages = \"never\" and memory_mb in a node file's [eal], a cluster file's \
+             [memory], or an EalConfig), or use fewer mbufs or a smaller MTU",
+            pages = mib.div_ceil(2),
+            need = mib + 64
         )
     } else {
         "give the EAL more memory (memory.memory_mb in a cluster file, EalConfig::memory_mb), \
@@ -144,10 +146,12 @@ mod tests {
     fn a_pool_that_does_not_fit_names_the_fix_for_its_memory() {
         let huge = pool_error(true);
         assert!(huge.contains("about 655 MiB") && huge.contains("Cannot allocate memory"));
-        assert!(huge.contains("about 328 pages of 2 MiB"), "{huge}");
+        assert!(huge.contains("about 328 of 2 MiB"), "{huge}");
         assert!(huge.contains("EMX_HUGEPAGES=N scripts/setup.sh"), "{huge}");
-        assert!(huge.contains("memory.hugepages = \"never\""), "{huge}");
-        assert!(!huge.contains("memory_mb"), "{huge}");
+        assert!(huge.contains("hugepages = \"never\""), "{huge}");
+        // Without hugepages the pool must fit memory_mb, with room for the rest.
+        assert!(huge.contains("memory_mb at least 719"), "{huge}");
+        assert!(!huge.contains("give the EAL more memory"), "{huge}");
         let small = pool_error(false);
         assert!(small.contains("memory.memory_mb"), "{small}");
         assert!(!small.contains("hugepages"), "{small}");

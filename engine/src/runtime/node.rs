@@ -31,7 +31,9 @@ pub struct EalConfig {
     /// Hugepages or not (default auto).
     #[serde(default)]
     pub hugepages: Hugepages,
-    /// Memory in MiB (default 512).
+    /// Memory in MiB (default 512): all the EAL has with `--no-huge`; on
+    /// hugepages, what must be free for `auto` to take them (or `require`
+    /// to start), while the EAL takes pages as it needs them.
     #[serde(default = "default_memory")]
     pub memory_mb: u32,
     /// Further EAL arguments, passed as they are.
@@ -179,12 +181,16 @@ pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Res
     let dpdk = |e: dpdk_ffi::Error| Error::Io(e.into());
     let name = format!("emx{}", engine.node);
     let room = link.mbuf_room();
-    let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(|e| Error::Pool {
-        mbufs: link.mbufs,
-        room,
-        mib: link.pool_bytes().div_ceil(1 << 20),
-        hugepages: eal.uses_hugepages(),
-        source: e.into(),
+    let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(|e| match e {
+        // No memory for it: say how much it takes, and where more comes from.
+        dpdk_ffi::Error::Call { errno, .. } if errno.is_out_of_memory() => Error::Pool {
+            mbufs: link.mbufs,
+            room,
+            mib: link.pool_bytes().div_ceil(1 << 20),
+            hugepages: eal.uses_hugepages(),
+            source: e.into(),
+        },
+        e => dpdk(e),
     })?;
     let pcfg = PortConfig {
         mtu: link.mtu,
