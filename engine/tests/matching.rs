@@ -150,6 +150,8 @@ fn pair_order_holds_under_reordering() {
         reorder_delay: Duration::from_micros(50),
         duplicate: 0.1,
         loss: 0.1,
+        // Some frames (originals or copies) after their retransmissions.
+        late: 0.02,
         seed: 11,
         ..LinkConfig::default()
     };

@@ -107,6 +107,7 @@ fn packs_survive_loss_duplication_reordering_and_corruption() {
             loss: 0.1,
             duplicate: 0.05,
             reorder: 0.1,
+            late: 0.02,
             corrupt: 0.02,
             seed,
             ..LinkConfig::default()

@@ -95,6 +95,7 @@ fn a_sender_with_a_smaller_mtu() {
     let link = LinkConfig {
         loss: 0.05,
         reorder: 0.05,
+        late: 0.01,
         seed: 11,
         ..LinkConfig::default()
     };

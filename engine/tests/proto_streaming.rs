@@ -95,6 +95,7 @@ fn faulty() -> LinkConfig {
         duplicate: 0.02,
         reorder: 0.05,
         reorder_delay: Duration::from_micros(50),
+        late: 0.01,
         seed: 7,
         ..LinkConfig::default()
     }
