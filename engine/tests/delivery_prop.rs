@@ -226,7 +226,8 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
     send_order.sort_by_key(|&i| (sc.msgs[i].send_at_us, i));
 
     let mut posted_rank: HashMap<usize, usize> = HashMap::new(); // plan index -> rank
-    let mut recv_req = HashMap::new();
+    // (Ordered: the cancels go in plan order, so that a seed replays.)
+    let mut recv_req = BTreeMap::new();
     let mut next_send = 0;
     let mut next_recv = 0;
     let mut delivered: HashMap<u64, usize> = HashMap::new(); // msg id -> plan index
