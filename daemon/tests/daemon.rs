@@ -501,6 +501,34 @@ fn control_socket_bounds(d: &Daemon) {
     });
 }
 
+/// Checks whose clients went away (emxctl interrupted) end: they do not
+/// hold the node's 16 check slots until all their messages went, so a check
+/// asked for afterwards is taken at once.
+fn abandoned_checks_end(d: &Daemon) {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    // Each of seconds of echoes: 4096 messages of 1 MiB.
+    let sizes = vec!["1048576"; 4096].join(",");
+    let req = format!("{{\"cmd\":\"check\",\"sizes\":[{sizes}]}}\n");
+    let clients: Vec<UnixStream> = (0..16)
+        .map(|_| {
+            let mut c = UnixStream::connect(&d.control).unwrap();
+            c.write_all(req.as_bytes()).unwrap();
+            c
+        })
+        .collect();
+    wait_for(Duration::from_secs(10), "16 checks under way", || {
+        (d.log().matches("check started").count() >= 16).then_some(())
+    });
+    drop(clients);
+    let v = wait_for(Duration::from_secs(10), "a check taken", || {
+        let v = d.json(&["check", "--sizes", "1000"]);
+        (v["ok"] == true).then_some(v)
+    });
+    assert_eq!(v["passed"], 1, "{v}");
+    assert!(d.log().contains("check abandoned"), "{}", d.log());
+}
+
 #[test]
 fn two_daemons_over_memif() {
     let dir = TempDir::new("pair");
@@ -575,6 +603,7 @@ fn two_daemons_over_memif() {
         stderr(&o)
     );
     control_socket_bounds(&a);
+    abandoned_checks_end(&a);
     // The responder's counters: B echoed A's check, and the other way.
     let stats = b.json(&["stats"]);
     assert!(

@@ -226,8 +226,7 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
     send_order.sort_by_key(|&i| (sc.msgs[i].send_at_us, i));
 
     let mut posted_rank: HashMap<usize, usize> = HashMap::new(); // plan index -> rank
-    // (Ordered: the cancels go in plan order, so that a seed replays.)
-    let mut recv_req = BTreeMap::new();
+    let mut recv_req = BTreeMap::new(); // ordered: cancels in plan order, as a seed replays
     let mut next_send = 0;
     let mut next_recv = 0;
     let mut delivered: HashMap<u64, usize> = HashMap::new(); // msg id -> plan index

@@ -11,7 +11,9 @@
 //! is short, the peer went down, or nothing came back in [`ECHO_TIMEOUT`].
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use emx::proto::{Addr, RecvInfo};
@@ -25,8 +27,9 @@ use crate::station::Station;
 pub const ECHO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Checks a node runs at once; more are refused. A run's id (in every
-/// message's match bits) is 8 bits, and a run whose client went away goes
-/// on to its end: without a bound, 256 of them would leave no id to take.
+/// message's match bits) is 8 bits: without a bound, 256 of them would leave
+/// no id to take. A run whose client went away ends at the next turn (its
+/// messages in flight finish on their own, unheeded).
 pub const MAX_RUNS: usize = 16;
 
 /// One peer endpoint of a run, and the sizes still to send it.
@@ -56,6 +59,8 @@ struct Run {
     targets: Vec<Target>,
     report: CheckReport,
     next_seq: u32,
+    /// Set when the client that asked went away.
+    left: Arc<AtomicBool>,
 }
 
 /// The checks under way.
@@ -77,6 +82,7 @@ impl Checks {
         max: usize,
         failed_early: Vec<CheckResult>,
         reply: Sender<String>,
+        left: Arc<AtomicBool>,
     ) {
         if self.runs.len() >= MAX_RUNS {
             let _ = reply.send(reply_err::<()>(
@@ -137,7 +143,21 @@ impl Checks {
             targets: ts,
             report,
             next_seq: 0,
+            left,
         });
+    }
+
+    /// Ends the runs whose clients went away; returns whether there were any.
+    fn drop_abandoned(&mut self) -> bool {
+        let before = self.runs.len();
+        self.runs.retain(|r| {
+            let left = r.left.load(Ordering::Relaxed);
+            if left {
+                info!(run = r.id, "check abandoned: its client went away");
+            }
+            !left
+        });
+        self.runs.len() != before
     }
 
     /// Whether any run is under way.
@@ -149,7 +169,7 @@ impl Checks {
     /// the next size, and answers finished runs. Returns whether anything
     /// happened.
     pub fn advance(&mut self, st: &mut Station) -> bool {
-        let mut busy = false;
+        let mut busy = self.drop_abandoned();
         let now = Instant::now();
         for run in &mut self.runs {
             for t in &mut run.targets {
@@ -376,7 +396,7 @@ mod tests {
         let mut replies = Vec::new();
         for _ in 0..300 {
             let (tx, rx) = std::sync::mpsc::channel();
-            checks.start(vec![(peer, None)], &[1000], 1 << 20, Vec::new(), tx);
+            checks.start(vec![(peer, None)], &[1000], 1 << 20, Vec::new(), tx, left());
             replies.push(rx);
         }
         assert_eq!(checks.runs.len(), MAX_RUNS);
@@ -393,5 +413,40 @@ mod tests {
                 Err(_) => assert!(i < MAX_RUNS, "run {i} got no answer"),
             }
         }
+    }
+
+    fn left() -> Arc<AtomicBool> {
+        Arc::new(AtomicBool::new(false))
+    }
+
+    /// A run whose client went away ends, unanswered, and makes room for
+    /// another: runs do not pile up behind clients that were interrupted.
+    #[test]
+    fn a_run_whose_client_left_ends() {
+        let mut checks = Checks::default();
+        let peer = Addr::new(2, 0);
+        let flags: Vec<_> = (0..MAX_RUNS).map(|_| left()).collect();
+        let mut replies = Vec::new();
+        for f in &flags {
+            let (tx, rx) = std::sync::mpsc::channel();
+            checks.start(
+                vec![(peer, None)],
+                &[1000],
+                1 << 20,
+                Vec::new(),
+                tx,
+                f.clone(),
+            );
+            replies.push(rx);
+        }
+        assert!(!checks.drop_abandoned());
+        flags[3].store(true, Ordering::Relaxed);
+        assert!(checks.drop_abandoned());
+        assert_eq!(checks.runs.len(), MAX_RUNS - 1);
+        assert!(replies[3].try_recv().is_err(), "nobody to answer");
+        let (tx, rx) = std::sync::mpsc::channel();
+        checks.start(vec![(peer, None)], &[1000], 1 << 20, Vec::new(), tx, left());
+        assert!(rx.try_recv().is_err(), "a new run is taken, not refused");
+        assert_eq!(checks.runs.len(), MAX_RUNS);
     }
 }

@@ -166,7 +166,7 @@ impl Daemon {
             Request::Peers => self.peers(),
             Request::Stats => self.stats(),
             Request::Check { sizes, peer } => {
-                self.start_check(sizes, peer, c.reply);
+                self.start_check(sizes, peer, c.reply, c.left);
                 return false;
             }
             Request::Shutdown => {
@@ -262,6 +262,7 @@ impl Daemon {
         sizes: Option<Vec<u64>>,
         peer: Option<PeerRef>,
         reply: std::sync::mpsc::Sender<String>,
+        left: std::sync::Arc<std::sync::atomic::AtomicBool>,
     ) {
         let refuse = |why: String| {
             let _ = reply.send(reply_err::<()>(&why, None));
@@ -346,7 +347,8 @@ impl Daemon {
                 }
             }
         }
-        self.checks.start(targets, &sizes, self.max, early, reply);
+        self.checks
+            .start(targets, &sizes, self.max, early, reply, left);
     }
 
     /// Stops: no new work, checks answered, idle receives cancelled, data

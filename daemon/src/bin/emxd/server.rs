@@ -8,8 +8,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +24,14 @@ pub struct Control {
     pub req: Request,
     /// Where the reply goes.
     pub reply: Sender<String>,
+    /// Set when the client that asked has gone (closed its connection)
+    /// before the reply: work still under way for it (a check) may stop.
+    pub left: Arc<AtomicBool>,
 }
+
+/// How often a connection waiting for its reply looks whether its client
+/// is still there.
+const LEFT_EVERY: Duration = Duration::from_millis(200);
 
 /// The socket file, removed when this is dropped.
 pub struct SocketFile(PathBuf);
@@ -228,6 +235,24 @@ fn refuse(stream: UnixStream, why: &str) {
     let _ = (&stream).write_all(&out);
 }
 
+/// Whether the client at the other end of `stream` closed it (or it
+/// failed): a look at what waits to be read, taking nothing. What a client
+/// sent ahead (its next request) is not a sign that it left.
+fn client_left(stream: &UnixStream) -> bool {
+    use nix::errno::Errno;
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut byte = [0u8; 1];
+    match recv(
+        stream.as_raw_fd(),
+        &mut byte,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    ) {
+        Ok(0) => true,
+        Ok(_) | Err(Errno::EAGAIN) | Err(Errno::EINTR) => false,
+        Err(_) => true,
+    }
+}
+
 fn connection(stream: UnixStream, tx: Sender<Control>) {
     if stream.set_read_timeout(Some(IDLE)).is_err() || stream.set_write_timeout(Some(IDLE)).is_err()
     {
@@ -268,11 +293,29 @@ fn connection(stream: UnixStream, tx: Sender<Control>) {
             Ok(req) => {
                 debug!(?req, "control request");
                 let (rtx, rrx) = mpsc::channel();
+                let left = Arc::new(AtomicBool::new(false));
                 let gone = || reply_err::<()>("emxd is shutting down", None);
-                if tx.send(Control { req, reply: rtx }).is_err() {
+                let control = Control {
+                    req,
+                    reply: rtx,
+                    left: left.clone(),
+                };
+                if tx.send(control).is_err() {
                     gone()
                 } else {
-                    rrx.recv().unwrap_or_else(|_| gone())
+                    // A long reply (a check) is waited for while the client
+                    // stays: one that leaves (emxctl interrupted) ends the work.
+                    loop {
+                        match rrx.recv_timeout(LEFT_EVERY) {
+                            Ok(r) => break r,
+                            Err(RecvTimeoutError::Disconnected) => break gone(),
+                            Err(RecvTimeoutError::Timeout) if client_left(&stream) => {
+                                left.store(true, Ordering::Relaxed);
+                                return;
+                            }
+                            Err(RecvTimeoutError::Timeout) => {}
+                        }
+                    }
                 }
             }
         };
