@@ -281,6 +281,110 @@ impl PacketIo for Gated {
     emx::delegate_packet_io!();
 }
 
+/// A link that panics in `recv` once told to: its polling thread dies.
+struct Doomed {
+    inner: MemIo,
+    doom: Arc<AtomicBool>,
+}
+
+impl PacketIo for Doomed {
+    type Frame = <MemIo as PacketIo>::Frame;
+    fn recv(&mut self, out: &mut Vec<Self::Frame>, max: usize) -> usize {
+        assert!(!self.doom.load(Ordering::SeqCst), "test: the link fails");
+        self.inner.recv(out, max)
+    }
+    fn send(&mut self, f: &mut Vec<Self::Frame>) -> usize {
+        self.inner.send(f)
+    }
+    emx::delegate_packet_io!();
+}
+
+/// A polling thread that dies (a panic in its link) ends the waits, tests,
+/// requests and calls on its endpoint with `Error::Thread`: they used to
+/// wait for good (the engine still read as running).
+#[test]
+fn a_polling_thread_that_dies_ends_what_waits_on_it() {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let mb = ib.mac();
+    let doom = Arc::new(AtomicBool::new(false));
+    let link = Doomed {
+        inner: ia,
+        doom: doom.clone(),
+    };
+    let mut ea = Engine::start(&cfg(1, (2, mb), thread_mode()), link).unwrap();
+    let mut a = ea.endpoint().unwrap();
+    let r = a.irecv(None, 7, u64::MAX, vec![0u8; 10]).unwrap();
+    let r2 = a.irecv(None, 8, u64::MAX, vec![0u8; 10]).unwrap();
+    doom.store(true, Ordering::SeqCst);
+    // On a thread of its own, so that a wait that never ends fails the test.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let waited = a.wait(r).map(|_| ());
+        let tested = a.test(r2).map(|_| ());
+        let sent = a.isend(Addr::new(2, 0), 1, vec![1u8]).map(|_| ());
+        let asked = a.stats(Addr::new(2, 0)).map(|_| ());
+        let _ = tx.send((waited, tested, sent.map_err(|r| r.error), asked));
+    });
+    let (waited, tested, sent, asked) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the wait on a dead polling thread ended");
+    for r in [waited, tested, sent, asked] {
+        assert!(
+            matches!(&r, Err(Error::Thread(m)) if m.contains("died")),
+            "{r:?}"
+        );
+    }
+    assert!(matches!(ea.shutdown(Duration::ZERO), Err(Error::Thread(_))));
+    drop(ib);
+}
+
+/// Rings past the bound, and a polling thread that cannot be pinned where
+/// asked, are refused at start with what to change.
+#[test]
+fn a_ring_too_large_or_a_core_not_ours_is_refused() {
+    let (ia, _ib) = MemNetwork::pair(1500);
+    let mut c = cfg(1, (2, [2, 0, 0, 0, 0, 2]), thread_mode());
+    c.ring = emx::runtime::MAX_RING + 1;
+    let Err(e) = Engine::start(&c, ia) else {
+        panic!("a ring of {} entries was taken", c.ring)
+    };
+    assert!(
+        matches!(&e, Error::Setup(m) if m.contains("at most")),
+        "{e}"
+    );
+    for cpu in [1000, 5000] {
+        let (ia, _ib) = MemNetwork::pair(1500);
+        let c = cfg(
+            1,
+            (2, [2, 0, 0, 0, 0, 2]),
+            ProgressMode::Thread {
+                core: Some(cpu),
+                spin: false,
+            },
+        );
+        let Err(e) = Engine::start(&c, ia) else {
+            panic!("a polling thread pinned to CPU {cpu}")
+        };
+        assert!(
+            matches!(&e, Error::Setup(m) if m.contains("cannot pin")),
+            "{e}"
+        );
+    }
+}
+
+/// `Duration::MAX` is no deadline, not a panic.
+#[test]
+fn shutdown_and_close_take_no_deadline() {
+    for mode in [ProgressMode::Inline, thread_mode()] {
+        let (ea, eb, a, b) = joined(&mode);
+        let report = a.close(Duration::MAX);
+        assert_eq!((report.aborted, report.completed.len()), (0, 0));
+        drop(b);
+        ea.shutdown(Duration::MAX).unwrap();
+        eb.shutdown(Duration::MAX).unwrap();
+    }
+}
+
 #[test]
 fn full_ring_would_block_and_nothing_is_lost() {
     let (ia, ib) = MemNetwork::pair(1500);

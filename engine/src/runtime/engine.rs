@@ -234,10 +234,14 @@ pub struct EngineConfig {
     /// Peers known from the start.
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
-    /// Entries of the submission and completion rings (default 1024).
+    /// Entries of the submission and completion rings (default 1024, at
+    /// most [`MAX_RING`]).
     #[serde(default = "default_ring")]
     pub ring: usize,
 }
+
+/// The most entries a submission or completion ring may have.
+pub const MAX_RING: usize = 1 << 20;
 
 fn default_ring() -> usize {
     1024
@@ -543,6 +547,42 @@ struct Shared {
     poller_asleep: AtomicBool,
     /// The CPU the polling thread is pinned to, if it is.
     poller_core: Option<usize>,
+    /// The polling thread died (panicked): the engine is stopped, and what
+    /// it held is lost.
+    died: AtomicBool,
+}
+
+impl Shared {
+    /// Why the engine takes no more work: shut down, or its polling thread died.
+    fn stopped_error(&self) -> Error {
+        if self.died.load(Ordering::Acquire) {
+            Error::Thread(
+                "the polling thread died (its panic message is above): the engine is stopped, \
+                 and the requests it held are lost with their buffers"
+                    .into(),
+            )
+        } else {
+            Error::ShutDown
+        }
+    }
+}
+
+/// Held by the polling thread: when it unwinds (a panic in a link or the
+/// core), the engine is marked stopped and its endpoints woken, so that their
+/// waits end with [`Error::Thread`] instead of waiting for completions that
+/// will never come.
+struct DeathWatch(Arc<Shared>);
+
+impl Drop for DeathWatch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.died.store(true, Ordering::Release);
+            self.0.state.store(STOPPED, Ordering::Release);
+            for eps in &self.0.eps {
+                eps.wake(true);
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -585,7 +625,8 @@ pub struct ShutdownReport {
 }
 
 /// One emx engine: a protocol core over a link, progressed by a polling
-/// thread or inline.
+/// thread or inline. Keep it while its endpoints are in use: dropping it
+/// stops them (their requests then fail with [`Error::ShutDown`]).
 pub struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -620,6 +661,12 @@ impl Engine {
                 eps.len()
             )));
         }
+        if cfg.ring > MAX_RING {
+            return Err(Error::Setup(format!(
+                "ring = {}: rings take at most {MAX_RING} entries",
+                cfg.ring
+            )));
+        }
         let core_cfg = cfg.protocol.core_config(io.max_frame() - 14);
         let epoch = cfg.epoch.unwrap_or_else(fresh_epoch);
         let max_requests = core_cfg.max_sends + core_cfg.max_recvs;
@@ -651,6 +698,7 @@ impl Engine {
                 ProgressMode::Thread { core, .. } => core,
                 ProgressMode::Inline => None,
             },
+            died: AtomicBool::new(false),
         });
         let driver: Box<dyn Drive> = Box::new(Driver::with_cores(cores, io));
         let mut engine = Engine {
@@ -742,11 +790,12 @@ impl Engine {
     }
 
     fn stop(&mut self, deadline: Duration) -> Result<(), Error> {
+        let until = after(deadline);
         *self
             .shared
             .drain_until
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + deadline);
+            .unwrap_or_else(|e| e.into_inner()) = Some(until);
         self.shared.state.store(STOPPING, Ordering::Release);
         let joined = self.thread.take().map(|t| t.join());
         // Stopped whether the thread returned or died: waits on its
@@ -766,6 +815,14 @@ impl Drop for Engine {
     fn drop(&mut self) {
         let _ = self.stop(Duration::ZERO);
     }
+}
+
+/// `d` from now. A deadline further off than an `Instant` holds
+/// (`Duration::MAX`: no deadline) is a year away, which no drain outlasts.
+fn after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400))
 }
 
 /// A session epoch from the clock, in microseconds: a restart comes back with
@@ -849,7 +906,14 @@ fn poll_thread(
     ready: std::sync::mpsc::Sender<Result<(), Error>>,
 ) {
     if let Some(c) = core {
-        core_affinity::set_for_current(core_affinity::CoreId { id: c });
+        // (A cpu set holds CPUs below 1024: core_affinity panics past it.)
+        if c >= 1024 || !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
+            let _ = ready.send(Err(Error::Setup(format!(
+                "cannot pin the polling thread to CPU {c} (not one this process may run on: \
+                 see `taskset -p $$` or the container's cpuset); give another core, or none"
+            ))));
+            return;
+        }
     }
     let _reg = match driver.enter_thread() {
         Ok(r) => r,
@@ -859,6 +923,7 @@ fn poll_thread(
         }
     };
     let _ = shared.poller.set(std::thread::current());
+    let _watch = DeathWatch(shared.clone());
     let _ = ready.send(Ok(()));
     tracing::debug!(
         ?core,
@@ -1253,10 +1318,12 @@ impl Endpoint {
         from_cmd: impl FnOnce(Cmd) -> B,
     ) -> Result<Request, Refused<B>> {
         if !self.running() {
-            return Err(Refused {
-                error: Error::ShutDown,
-                buf,
-            });
+            let error = if self.closed {
+                Error::ShutDown
+            } else {
+                self.shared.stopped_error()
+            };
+            return Err(Refused { error, buf });
         }
         let Some(req) = self.requests.alloc() else {
             return Err(Refused {
@@ -1354,6 +1421,10 @@ impl Endpoint {
         if !self.requests.is_done(req)? {
             self.progress();
             if !self.requests.is_done(req)? {
+                if self.shared.died.load(Ordering::Relaxed) {
+                    // It will never finish: the thread that held it is gone.
+                    return Err(self.shared.stopped_error());
+                }
                 return Ok(None);
             }
         }
@@ -1455,7 +1526,7 @@ impl Endpoint {
                 self.progress();
                 return match self.take_first_done(reqs)? {
                     Some(done) => Ok(Some(done)),
-                    None => Err(Error::ShutDown),
+                    None => Err(self.shared.stopped_error()),
                 };
             }
             self.idle(&mut spins);
@@ -1573,7 +1644,7 @@ impl Endpoint {
         if self.shared.state.load(Ordering::Acquire) != RUNNING {
             // Nobody would answer (and a late reply to an earlier call must
             // not pass for this one's).
-            return Err(Error::ShutDown);
+            return Err(self.shared.stopped_error());
         }
         self.push_cmd(cmd).map_err(|_| Error::WouldBlock)?;
         let mut spins = 0;
@@ -1583,7 +1654,7 @@ impl Endpoint {
                 return Ok(e);
             }
             if self.shared.state.load(Ordering::Acquire) == STOPPED {
-                return Err(Error::ShutDown);
+                return Err(self.shared.stopped_error());
             }
             self.idle(&mut spins);
         }
@@ -1686,7 +1757,7 @@ impl Endpoint {
         // report rather than go down with the endpoint.
         let pending: Vec<Request> = self.requests.live().collect();
         let mut spins = 0;
-        let until = Instant::now() + deadline;
+        let until = after(deadline);
         let drained = |r: &Requests| pending.iter().all(|&q| r.is_done(q).unwrap_or(true));
         while Instant::now() < until && !drained(&self.requests) {
             if !self.progress() {

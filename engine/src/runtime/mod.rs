@@ -20,7 +20,7 @@ pub use buffer::{RecvBuf, SendBuf};
 pub use driver::{Clock, Driver, Progress, RuntimeCore, BURST};
 pub use engine::{
     parse_mac, Endpoint, Engine, EngineConfig, PeerConfig, PeerStatus, ProgressMode,
-    ProtocolConfig, Refused, ShutdownReport, AUTO_MAC,
+    ProtocolConfig, Refused, ShutdownReport, AUTO_MAC, MAX_RING,
 };
 pub use node::{
     register_memory, start_node, start_node_on, EalConfig, Hugepages, LinkConfig, Node, NodeConfig,
@@ -37,14 +37,22 @@ pub enum Error {
     #[error("would block: the submission ring is full; take completions and retry")]
     WouldBlock,
     /// The engine is shutting down or stopped.
-    #[error("the engine is shut down")]
+    #[error(
+        "the engine is shut down (shutdown was called, or the Engine was dropped: keep it \
+         alive while its endpoints are in use)"
+    )]
     ShutDown,
     /// The handle names no outstanding request (never issued, or its
     /// completion was already taken).
     #[error("unknown request handle (never issued, or already completed and taken)")]
     UnknownRequest,
-    /// As many requests are outstanding as the tables hold (max_sends + max_recvs).
-    #[error("too many outstanding requests; wait for some to complete")]
+    /// As many requests are outstanding as the tables hold (max_sends +
+    /// max_recvs); a finished request holds its slot until its completion is
+    /// taken.
+    #[error(
+        "too many outstanding requests: take completions (test, wait) to free their handles, \
+         or raise max_sends/max_recvs"
+    )]
     TooManyRequests,
     /// A registered receive buffer that frames still refer to.
     #[error("the registered receive buffer is still referenced by frames in flight")]
@@ -97,7 +105,8 @@ pub enum Error {
         #[source]
         source: crate::io::IoError,
     },
-    /// The polling thread could not start or died.
+    /// The polling thread could not start or died. When it died, the
+    /// requests it held and their buffers are lost.
     #[error("polling thread: {0}")]
     Thread(String),
 }
