@@ -460,3 +460,72 @@ fn a_message_kept_from_a_dead_peer_does_not_revive_it() {
     assert!(until_both_up(&mut sim), "the sessions did not come back");
     transfer(&mut sim, 0, 1, 5000, 8);
 }
+
+/// A frame of a peer's earlier incarnation that comes after the peer
+/// restarted, and after a silence past the liveness deadline (a switch
+/// buffer, a replay), is refused: it knows this node's epoch, so it is no
+/// fresh incarnation's. It used to be taken for another restart: the live
+/// session was reset (its requests failed) and its message delivered.
+#[test]
+fn a_late_frame_of_an_earlier_incarnation_is_refused_after_a_silence() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 1, 0, 1000, 1);
+    // A message of node 1's first incarnation, kept off the link.
+    let now = sim.now();
+    sim.core(1)
+        .send(now, addr(0), 5, b"stale".to_vec(), 5)
+        .unwrap();
+    let stale = take_frame(&mut sim, 1).expect("node 1's EAGER frame");
+    // Node 1 restarts (a later epoch); the sessions come back.
+    sim.replace_core(1, make_core(&cfg, 1, 2, 2, now));
+    transfer(&mut sim, 1, 0, 1000, 2);
+    transfer(&mut sim, 0, 1, 1000, 3);
+    // Silence, longer than the liveness deadline, with nothing under way.
+    let now = sim.now();
+    sim.run_until(now + cfg.peer_timeout * 3, |_| false);
+    let now = sim.now();
+    sim.core(0)
+        .post_recv(now, None, 5, !0, vec![0; 16], 50)
+        .unwrap();
+    // A request under way in the live session, which a reset would fail.
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 6, !0, vec![0; 16], 60)
+        .unwrap();
+    assert_eq!(
+        sim.core(0).handle_frame(now, &stale),
+        Err(DropReason::StaleEpoch)
+    );
+    assert!(
+        drain(&mut sim).is_empty(),
+        "the stale frame completed something"
+    );
+    assert_eq!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch, 2);
+    // The live session goes on.
+    let now = sim.now();
+    sim.core(1)
+        .send(now, addr(0), 6, b"fresh".to_vec(), 6)
+        .unwrap();
+    let got = outcomes(&mut sim, 2, now + Duration::from_millis(20));
+    assert_eq!(got, vec![(0, 60, None), (1, 6, None)]);
+}
+
+/// The other side of the rule above: a peer that restarts with an epoch
+/// that reads as earlier (epochs wrap) is taken up after a silence past the
+/// liveness deadline, from its first frame, which does not know this node's
+/// epoch yet.
+#[test]
+fn a_restart_with_an_earlier_epoch_is_taken_after_a_silence() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    let now = sim.now();
+    sim.replace_core(1, make_core(&cfg, 1, 2, 1000, now));
+    transfer(&mut sim, 1, 0, 1000, 1);
+    assert_eq!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch, 1000);
+    let now = sim.now();
+    sim.replace_core(1, make_core(&cfg, 1, 2, 900, now));
+    sim.run_until(now + cfg.peer_timeout * 3, |_| false);
+    transfer(&mut sim, 1, 0, 1000, 2);
+    transfer(&mut sim, 0, 1, 1000, 3);
+    assert_eq!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch, 900);
+}

@@ -1346,15 +1346,20 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             let peer = &self.peers[p as usize];
             // Epochs are compared as serial numbers (they wrap). A peer declared
             // dead comes back with any other epoch, or with its old one once it
-            // has started over with us; a live one with a later
-            // epoch, or with any other after a silence past the liveness
-            // deadline (so long that serial order says nothing).
+            // has started over with us; a live one with a later epoch, or with
+            // any other after a silence past the liveness deadline (so long
+            // that serial order says nothing) in a frame that does not know
+            // our epoch: a fresh incarnation's first words. A frame that does
+            // know it, with an earlier epoch, is a late one from an incarnation
+            // that is gone (a switch buffer, a replay): taking it would reset the
+            // live session and deliver what it carries.
+            let silent =
+                now.0.saturating_sub(peer.last_heard.0) > self.cfg.peer_timeout.as_nanos() as u64;
             if !peer.dead
                 && peer.epoch != 0
                 && h.src_epoch != peer.epoch
                 && !epoch_after(h.src_epoch, peer.epoch)
-                && now.0.saturating_sub(peer.last_heard.0)
-                    <= self.cfg.peer_timeout.as_nanos() as u64
+                && (!silent || h.dst_epoch != 0)
             {
                 return Err(DropReason::StaleEpoch);
             }
