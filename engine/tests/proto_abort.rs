@@ -288,6 +288,60 @@ fn both_ends_abort_mid_rendezvous() {
 }
 
 /// Aborting twice, and aborting an idle core, is harmless.
+/// A receive bound to a message that arrived in part (a fragment missing)
+/// and then aborted comes back with its own bytes where nothing arrived: not
+/// what an earlier message left in the unexpected store, which its chunks
+/// held (another peer's bytes, say). Binding used to copy the store whole.
+#[test]
+fn a_receive_failed_part_way_hands_back_no_earlier_message() {
+    let cfg = CoreConfig::default();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 10, 9);
+    const LEN: usize = 4000;
+    let now = sim.now();
+    // An earlier message, unexpected, through the store, then taken.
+    sim.core(0)
+        .send(now, addr(1), 1, vec![0xAB; LEN], 1)
+        .unwrap();
+    sim.run_until(now + Duration::from_millis(1), |_| false);
+    let now = sim.now();
+    sim.core(1)
+        .post_recv(now, Some(addr(0)), 1, !0, vec![0; LEN], 1)
+        .unwrap();
+    sim.run_until(now + Duration::from_millis(1), |_| false);
+    assert_eq!(drain(&mut sim).len(), 2, "the earlier message went through");
+    // A message of three fragments of which the middle one never comes.
+    let now = sim.now();
+    let data = pattern(2, LEN);
+    sim.core(0).send(now, addr(1), 2, data.clone(), 2).unwrap();
+    let frames: Vec<_> = std::iter::from_fn(|| take_frame(&mut sim, 0)).collect();
+    assert_eq!(frames.len(), 3, "three fragments");
+    for f in [&frames[0], &frames[2]] {
+        sim.core(1).handle_frame(now, f).unwrap();
+    }
+    sim.core(1)
+        .post_recv(now, Some(addr(0)), 2, !0, vec![0xEE; LEN], 2)
+        .unwrap();
+    sim.core(1).abort_all(now);
+    let got = drain(&mut sim);
+    let [(1, Completion::Recv(r))] = &got[..] else {
+        panic!("{got:?}")
+    };
+    assert_eq!(r.result, Err(RequestError::Aborted));
+    let unit = cfg.frame_payload();
+    assert_eq!(r.buf[..unit], data[..unit], "the first fragment arrived");
+    assert!(
+        r.buf[unit..2 * unit].iter().all(|&b| b == 0xEE),
+        "where nothing arrived: {:x?}",
+        &r.buf[unit..unit + 16]
+    );
+    assert_eq!(
+        r.buf[2 * unit..],
+        data[2 * unit..],
+        "the last fragment arrived"
+    );
+}
+
 #[test]
 fn abort_idle_and_twice() {
     let cfg = CoreConfig::default();

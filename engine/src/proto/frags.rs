@@ -102,6 +102,34 @@ impl<const W: usize> Frags<W> {
     pub(crate) fn done(&self) -> u64 {
         self.next
     }
+
+    /// Calls `f` with each run of bytes below `len` that arrived, as
+    /// `(start, end)`, in order (a message whose fragments are of `unit`).
+    pub(crate) fn arrived(&self, len: u64, unit: u32, mut f: impl FnMut(u64, u64)) {
+        let unit = u64::from(unit.max(1));
+        let mut run: Option<(u64, u64)> = (self.next > 0).then_some((0, self.next.min(len)));
+        for j in 1..64 * W as u64 {
+            let start = self.next + j * unit;
+            if start >= len {
+                break;
+            }
+            if self.bits[j as usize / 64] & (1 << (j % 64)) == 0 {
+                continue;
+            }
+            let end = (start + unit).min(len);
+            run = match run {
+                Some((s, e)) if e == start => Some((s, end)),
+                Some((s, e)) => {
+                    f(s, e);
+                    Some((start, end))
+                }
+                None => Some((start, end)),
+            };
+        }
+        if let Some((s, e)) = run.filter(|&(s, e)| s < e) {
+            f(s, e);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -164,6 +192,25 @@ mod tests {
         assert_eq!(take(&mut f, 0), Ok(()));
         assert_eq!((f.done(), f.bits), (1280, [0, 0]));
         assert_eq!(take(&mut f, 128), Ok(()));
+    }
+
+    /// The runs that arrived: below the mark, and past it one by one, joined
+    /// where they touch; nothing past the message's end.
+    #[test]
+    fn arrived_runs() {
+        let runs = |f: &Frags<1>, len| {
+            let mut v = Vec::new();
+            f.arrived(len, 10, |s, e| v.push((s, e)));
+            v
+        };
+        let mut f = Frags::<1>::default();
+        assert_eq!(runs(&f, 95), []);
+        for k in [0, 1, 3, 4, 6, 9] {
+            take(&mut f, k).unwrap();
+        }
+        assert_eq!(runs(&f, 95), [(0, 20), (30, 50), (60, 70), (90, 95)]);
+        assert_eq!(runs(&f, 65), [(0, 20), (30, 50), (60, 65)]);
+        assert_eq!(runs(&f, 15), [(0, 15)]);
     }
 
     proptest! {

@@ -104,15 +104,21 @@ impl Store {
         }
     }
 
-    /// Copies the first `out.len()` bytes of the chain into `out`.
-    pub(crate) fn read(&self, head: u32, out: &mut [u8]) {
+    /// Copies `out.len()` bytes of the chain, from byte `offset` on, into `out`.
+    pub(crate) fn read(&self, head: u32, offset: u64, out: &mut [u8]) {
         let mut c = head;
+        let mut skip = offset as usize;
+        while skip >= CHUNK && c != NIL {
+            c = self.next[c as usize];
+            skip -= CHUNK;
+        }
         let mut done = 0;
         while done < out.len() && c != NIL {
-            let n = CHUNK.min(out.len() - done);
-            let at = c as usize * CHUNK;
+            let n = (CHUNK - skip).min(out.len() - done);
+            let at = c as usize * CHUNK + skip;
             out[done..done + n].copy_from_slice(&self.bytes[at..at + n]);
             done += n;
+            skip = 0;
             c = self.next[c as usize];
         }
     }
@@ -249,7 +255,18 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             let n = msg.len.min(slot.buf_len) as usize;
             if msg.received > 0 && n > 0 {
                 let buf = slot.buf.as_mut().expect("live receive").as_mut();
-                self.store.read(msg.store, &mut buf[..n]);
+                if msg.received == msg.len {
+                    self.store.read(msg.store, 0, &mut buf[..n]);
+                } else {
+                    // Only the fragments that arrived: the store's other bytes
+                    // are what earlier messages (of any peer) left there, and a
+                    // receive that fails before the rest comes hands its buffer
+                    // back as it is.
+                    let store = &self.store;
+                    msg.frags.arrived(n as u64, u32::from(msg.unit), |s, e| {
+                        store.read(msg.store, s, &mut buf[s as usize..e as usize]);
+                    });
+                }
             }
             self.store.free(msg.store);
             self.msgs[m as usize].store = NIL;
@@ -310,8 +327,12 @@ mod tests {
         s.write(h, 300, &data[300..]);
         s.write(h, 0, &data[..300]);
         let mut out = vec![0; data.len()];
-        s.read(h, &mut out);
+        s.read(h, 0, &mut out);
         assert_eq!(out, data);
+        // From an offset, across chunks.
+        let mut part = vec![0; CHUNK + 20];
+        s.read(h, CHUNK as u64 - 10, &mut part);
+        assert_eq!(part, data[CHUNK - 10..2 * CHUNK + 10]);
         s.free(h);
         assert!(s.alloc(4 * CHUNK as u64).is_some());
     }
