@@ -13,10 +13,12 @@ fn root() -> &'static Path {
         .expect("workspace root")
 }
 
-fn run_script(script: &str, extra_env: &[(&str, &str)]) -> (bool, String) {
+/// Runs `script` for `nodes` nodes with `extra_env`: whether it passed, and
+/// what it printed.
+fn run_script(script: &str, nodes: &str, extra_env: &[(&str, &str)]) -> (bool, String) {
     let out = Command::new("bash")
         .arg(root().join(script))
-        .arg("3")
+        .arg(nodes)
         .env("EMXD", env!("CARGO_BIN_EXE_emxd"))
         .env("EMXCTL", env!("CARGO_BIN_EXE_emxctl"))
         .envs(extra_env.iter().copied())
@@ -51,7 +53,7 @@ fn namespace_testbed_3_nodes() {
     };
     assert!(ip(&["netns", "add", &ns]));
     assert!(ip(&["link", "add", &br, "type", "bridge"]));
-    let (ok, text) = run_script("scripts/testbed-netns.sh", &[]);
+    let (ok, text) = run_script("scripts/testbed-netns.sh", "3", &[]);
     let ns_there = Path::new("/run/netns").join(&ns).exists();
     let br_there = ip(&["link", "show", &br]);
     ip(&["netns", "del", &ns]);
@@ -139,7 +141,7 @@ fn docker_testbed_3_nodes() {
     plant(&stale, false);
     plant(&kept, true);
 
-    let (ok, text) = run_script("docker/testbed.sh", &[]);
+    let (ok, text) = run_script("docker/testbed.sh", "3", &[]);
     let kept_there = docker(&["network", "inspect", &kept]).0;
     let stale_there = docker(&["network", "inspect", &stale]).0;
     docker(&["network", "rm", &stale, &kept]);
@@ -173,17 +175,7 @@ fn docker_testbed_kept_stays_until_removed() {
             let _ = std::fs::remove_dir_all(dir.path());
         }
     }
-    let out = Command::new("bash")
-        .arg(root().join("docker/testbed.sh"))
-        .arg("2")
-        .env("EMX_KEEP", "emx-test")
-        .output()
-        .expect("run bash");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, text) = run_script("docker/testbed.sh", "2", &[("EMX_KEEP", "emx-test")]);
     let project = project_of(&text);
     let remove = text
         .lines()
@@ -204,7 +196,7 @@ fn docker_testbed_kept_stays_until_removed() {
             .status()
             .is_ok_and(|s| s.success())
     });
-    assert!(out.status.success(), "{text}");
+    assert!(ok, "{text}");
     assert!(text.contains("cluster check passed"), "{text}");
     assert_eq!(
         running.lines().count(),
