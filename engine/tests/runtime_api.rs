@@ -372,6 +372,28 @@ fn a_ring_too_large_or_a_core_not_ours_is_refused() {
     }
 }
 
+/// A receive still waiting for a message (one that stands for good, say)
+/// does not hold a shutdown or a close for its whole deadline: it ends at
+/// once, with `Error::ShutDown` and its buffer. Both used to wait it out.
+#[test]
+fn a_standing_receive_does_not_hold_a_stop() {
+    let (ea, _eb, mut a, _b) = joined(&thread_mode());
+    let r = a.irecv(None, 77, u64::MAX, vec![0u8; 8]).unwrap();
+    let t = Instant::now();
+    ea.shutdown(Duration::from_secs(20)).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let c = a.wait(r).unwrap();
+    assert!(matches!(c.result, Err(Error::ShutDown)), "{:?}", c.result);
+    assert!(matches!(c.buf, Buf::Recv(ref b) if b.as_ref().len() == 8));
+
+    let (_ea, _eb, mut a, _b) = joined(&ProgressMode::Inline);
+    a.irecv(None, 77, u64::MAX, vec![0u8; 8]).unwrap();
+    let t = Instant::now();
+    let report = a.close(Duration::from_secs(20));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!((report.aborted, report.drained), (1, 0));
+}
+
 /// `Duration::MAX` is no deadline, not a panic.
 #[test]
 fn shutdown_and_close_take_no_deadline() {

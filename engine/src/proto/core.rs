@@ -679,6 +679,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             + (self.cfg.max_recvs - self.recv_free.available())
     }
 
+    /// Outstanding requests under way: sends, and receives that took a
+    /// message (not those still waiting for one, which may wait for good).
+    /// What a shutdown lets finish.
+    pub fn in_progress(&self) -> usize {
+        self.outstanding() - self.posted.len as usize
+    }
+
     // ----------------------------------------------------------------- requests
 
     /// Sends `buf` to `dst` with `match_bits`. The buffer stays with the core (frames are

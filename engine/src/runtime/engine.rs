@@ -539,7 +539,7 @@ impl EpShared {
 struct Shared {
     eps: Vec<EpShared>,
     state: AtomicU8,
-    /// Until when a stopping engine keeps driving outstanding sends.
+    /// Until when a stopping engine keeps driving the requests under way.
     drain_until: Mutex<Option<Instant>>,
     /// The polling thread, and whether it is asleep (backed off): a submitter
     /// wakes it rather than leave the request waiting out the sleep.
@@ -780,9 +780,10 @@ impl Engine {
         })
     }
 
-    /// Stops accepting work, lets outstanding requests finish until
-    /// `deadline` from now, completes the rest with [`Error::ShutDown`], and
-    /// stops the polling thread. The link closes when the engine and its
+    /// Stops accepting work, lets requests under way (sends, and receives
+    /// whose messages are arriving) finish until `deadline` from now,
+    /// completes the rest (receives still waiting for a message among them)
+    /// with [`Error::ShutDown`], and stops the polling thread. The link closes when the engine and its
     /// endpoint are gone. (Inline engines are drained by
     /// [`Endpoint::close`].)
     pub fn shutdown(mut self, deadline: Duration) -> Result<(), Error> {
@@ -942,7 +943,6 @@ fn poll_thread(
     // What each endpoint's `backlogged` flag says (written only on change).
     let mut backlogged = vec![false; n_eps];
     let mut backoff = Backoff::new(spin);
-    let mut outstanding = 0usize;
     loop {
         let now = clock.now();
         let mut work = 0;
@@ -958,10 +958,7 @@ fn poll_thread(
                         bits,
                         buf,
                     } => match core.send(now, dst, bits, buf, req.0) {
-                        Ok(id) => {
-                            ids[ep][req.index()] = Some((req, id));
-                            outstanding += 1;
-                        }
+                        Ok(id) => ids[ep][req.index()] = Some((req, id)),
                         Err(r) => backlog[ep].push_back(Event::Done {
                             req,
                             c: Completed {
@@ -977,10 +974,7 @@ fn poll_thread(
                         mask,
                         buf,
                     } => match core.post_recv(now, src, bits, mask, buf, req.0) {
-                        Ok(id) => {
-                            ids[ep][req.index()] = Some((req, id));
-                            outstanding += 1;
-                        }
+                        Ok(id) => ids[ep][req.index()] = Some((req, id)),
                         Err(r) => backlog[ep].push_back(Event::Done {
                             req,
                             c: Completed {
@@ -1019,7 +1013,6 @@ fn poll_thread(
             }
         }
         let p = driver.progress(now, &mut |ep, c| {
-            outstanding = outstanding.saturating_sub(1);
             file_completion(&mut ids, &mut backlog, ep, c);
         });
         let mut delivered = false;
@@ -1052,7 +1045,11 @@ fn poll_thread(
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .unwrap_or_else(Instant::now);
-            if outstanding == 0 || Instant::now() >= until {
+            // Sends, and receives whose messages are arriving, may finish;
+            // receives still waiting for a message end now (one that stands
+            // for good would hold every stop for its whole deadline).
+            let under_way = (0..n_eps).any(|ep| driver.core(ep).in_progress() != 0);
+            if !under_way || Instant::now() >= until {
                 // What is left is aborted: the cores complete every outstanding
                 // request with its buffer, and each application learns it
                 // through its ring.
@@ -1747,8 +1744,9 @@ impl Endpoint {
     }
 
     /// Closes the endpoint: no new requests; outstanding ones get until
-    /// `deadline` to finish; the rest are aborted (they complete with
-    /// [`Error::ShutDown`]). Every completion, with its buffer, is in the
+    /// `deadline` to finish (inline, only those under way: a receive still
+    /// waiting for a message ends at once); the rest are aborted (they
+    /// complete with [`Error::ShutDown`]). Every completion, with its buffer, is in the
     /// report. Other endpoints of the engine are not affected; the link closes
     /// when the engine and its endpoints are gone.
     pub fn close(mut self, deadline: Duration) -> ShutdownReport {
@@ -1760,6 +1758,12 @@ impl Endpoint {
         let until = after(deadline);
         let drained = |r: &Requests| pending.iter().all(|&q| r.is_done(q).unwrap_or(true));
         while Instant::now() < until && !drained(&self.requests) {
+            if let Mode::Inline(d) = &mut self.mode {
+                if d.core(0).in_progress() == 0 {
+                    // Only receives waiting for a message are left.
+                    break;
+                }
+            }
             if !self.progress() {
                 self.idle(&mut spins);
             }
