@@ -394,6 +394,41 @@ fn a_standing_receive_does_not_hold_a_stop() {
     assert_eq!((report.aborted, report.drained), (1, 0));
 }
 
+/// An inline endpoint outlives its engine: it drives the link itself, and
+/// `Engine::start(..)?.endpoint()?` drops the engine at once. Its requests
+/// used to fail with "the engine is shut down".
+#[test]
+fn an_inline_endpoint_outlives_its_engine() {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut a = Engine::start(&cfg(1, (2, mb), ProgressMode::Inline), ia)
+        .unwrap()
+        .endpoint()
+        .unwrap();
+    let mut b = Engine::start(&cfg(2, (1, ma), ProgressMode::Inline), ib)
+        .unwrap()
+        .endpoint()
+        .unwrap();
+    let r = b.irecv(None, 5, u64::MAX, vec![0u8; 5]).unwrap();
+    let s = a.isend(Addr::new(2, 0), 5, b"hello".to_vec()).unwrap();
+    let got = loop {
+        a.progress();
+        if let Some(c) = b.test(r).unwrap() {
+            break c;
+        }
+    };
+    assert_eq!(got.into_recv().unwrap().0.as_ref(), b"hello");
+    let sent = loop {
+        b.progress();
+        if let Some(c) = a.test(s).unwrap() {
+            break c;
+        }
+    };
+    sent.into_send().unwrap();
+    let report = a.close(Duration::from_secs(1));
+    assert_eq!(report.aborted, 0);
+}
+
 /// `Duration::MAX` is no deadline, not a panic.
 #[test]
 fn shutdown_and_close_take_no_deadline() {

@@ -625,8 +625,10 @@ pub struct ShutdownReport {
 }
 
 /// One emx engine: a protocol core over a link, progressed by a polling
-/// thread or inline. Keep it while its endpoints are in use: dropping it
-/// stops them (their requests then fail with [`Error::ShutDown`]).
+/// thread or inline. With a polling thread, keep it while its endpoints are
+/// in use: dropping it stops them (their requests then fail with
+/// [`Error::ShutDown`]). An inline engine's endpoint drives the link itself
+/// and outlives the engine.
 pub struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -814,6 +816,12 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        if self.thread.is_none() && self.inline.is_none() {
+            // Inline, with its endpoint handed out: the endpoint drives the
+            // link and goes on working (`Engine::start(..)?.endpoint()?`
+            // drops the engine at once). `shutdown` or `close` stop it.
+            return;
+        }
         let _ = self.stop(Duration::ZERO);
     }
 }

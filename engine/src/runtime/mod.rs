@@ -38,8 +38,8 @@ pub enum Error {
     WouldBlock,
     /// The engine is shutting down or stopped.
     #[error(
-        "the engine is shut down (shutdown was called, or the Engine was dropped: keep it \
-         alive while its endpoints are in use)"
+        "the engine is shut down (shutdown was called, or the Engine of a polling thread was \
+         dropped: keep it alive while its endpoints are in use)"
     )]
     ShutDown,
     /// The handle names no outstanding request (never issued, or its
