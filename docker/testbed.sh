@@ -40,7 +40,12 @@ fi
 # pid that is a zombie counts as gone (nothing may have reaped it yet), and
 # one that is this run's own is an earlier run's (nothing of this one exists yet).
 OWNER="$(id -u):$(readlink /proc/self/ns/pid 2>/dev/null || echo unknown)"
-alive() { case "$(ps -o stat= -p "$1" 2>/dev/null)" in "" | Z*) return 1 ;; esac; }
+alive() { # its state, the field after the last ')' of /proc/PID/stat
+    local st
+    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    st=${st##*) }
+    [ "${st%% *}" != Z ]
+}
 stale() { [[ $1 =~ ^[0-9]+$ ]] && [ -z "$2" ] && { [ "$1" = $$ ] || ! alive "$1"; }; }
 sweep() { # docker ps -a | docker network ls, and how to remove one
     local what=$1 rm=$2 id pid keep owner
@@ -50,16 +55,14 @@ sweep() { # docker ps -a | docker network ls, and how to remove one
             if stale "$pid" "$keep"; then docker $rm "$id" >/dev/null 2>&1 || true; fi
         done
 }
-if command -v ps >/dev/null; then
-    sweep "ps -a" "rm -f"
-    sweep "network ls" "network rm"
-    for dir in /tmp/emx-docker.*.*; do
-        [ -d "$dir" ] && [ -O "$dir" ] || continue
-        old=${dir#/tmp/emx-docker.}
-        old=${old%%.*}
-        if stale "$old" "$([ -e "$dir/kept" ] && echo kept)"; then rm -rf "$dir" 2>/dev/null || true; fi
-    done
-fi
+sweep "ps -a" "rm -f" || echo "testbed: could not list leftover containers; none removed" >&2
+sweep "network ls" "network rm" || echo "testbed: could not list leftover networks; none removed" >&2
+for dir in /tmp/emx-docker.*.*; do
+    [ -d "$dir" ] && [ -O "$dir" ] || continue
+    old=${dir#/tmp/emx-docker.}
+    old=${old%%.*}
+    if stale "$old" "$([ -e "$dir/kept" ] && echo kept)"; then rm -rf "$dir" 2>/dev/null || true; fi
+done
 
 # This tree's image, by its content tag: another tree's build may move latest.
 IMAGE=$(bash docker/build-image.sh | tail -n 1)
@@ -84,6 +87,10 @@ if [ "${EMX_DOCKER_PORT:-tap}" = tap ]; then
     TAP=emxtap
     DEVICES='"/dev/net/tun:/dev/net/tun"'
 fi
+if [ -n "${EMX_KEEP:-}" ] && ! [[ $EMX_KEEP =~ ^[A-Za-z0-9._-]+$ ]]; then
+    echo "docker testbed: EMX_KEEP is a word (letters, digits, . _ -)" >&2
+    exit 1
+fi
 PROJECT="emxtb$$"
 WORK=$(mktemp -d "/tmp/emx-docker.$$.XXXXXX")
 DEADLINE_MS=1000
@@ -91,7 +98,6 @@ DEADLINE_MS=1000
 # whether it is kept (EMX_KEEP's value).
 LABELS="emx.testbed: \"$$\", emx.owner: \"$OWNER\""
 if [ -n "${EMX_KEEP:-}" ]; then
-    [[ $EMX_KEEP =~ ^[A-Za-z0-9._-]+$ ]] || { echo "docker testbed: EMX_KEEP is a word (letters, digits, . _ -)" >&2; exit 1; }
     LABELS="$LABELS, emx.keep: \"$EMX_KEEP\""
     echo "$EMX_KEEP" > "$WORK/kept"
 fi

@@ -61,10 +61,15 @@ trap 'exit 130' INT TERM
 # namespaces (their veths go with them) and bridge, named after its pid,
 # removed once that pid is gone (a zombie counts as gone: nothing may have
 # reaped it yet; this run's own pid is an earlier run's: nothing of this one
-# exists yet). A live run's are left alone, and without ps nothing is removed.
-alive() { case "$(ps -o stat= -p "$1" 2>/dev/null)" in "" | Z*) return 1 ;; esac; }
+# exists yet). A live run's are left alone.
+alive() { # its state, the field after the last ')' of /proc/PID/stat
+    local st
+    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    st=${st##*) }
+    [ "${st%% *}" != Z ]
+}
 stale_pid() {
-    command -v ps >/dev/null && [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] \
+    [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] \
         && { [ "${BASH_REMATCH[1]}" = $$ ] || ! alive "${BASH_REMATCH[1]}"; }
 }
 for ns in $(ip netns list | awk '{print $1}'); do

@@ -510,6 +510,7 @@ fn abandoned_checks_end(d: &Daemon) {
     // Each of seconds of echoes: 4096 messages of 1 MiB.
     let sizes = vec!["1048576"; 4096].join(",");
     let req = format!("{{\"cmd\":\"check\",\"sizes\":[{sizes}]}}\n");
+    let started = d.log().matches("check started").count();
     let clients: Vec<UnixStream> = (0..16)
         .map(|_| {
             let mut c = UnixStream::connect(&d.control).unwrap();
@@ -518,7 +519,7 @@ fn abandoned_checks_end(d: &Daemon) {
         })
         .collect();
     wait_for(Duration::from_secs(10), "16 checks under way", || {
-        (d.log().matches("check started").count() >= 16).then_some(())
+        (d.log().matches("check started").count() >= started + 16).then_some(())
     });
     drop(clients);
     let v = wait_for(Duration::from_secs(10), "a check taken", || {
@@ -527,6 +528,18 @@ fn abandoned_checks_end(d: &Daemon) {
     });
     assert_eq!(v["passed"], 1, "{v}");
     assert!(d.log().contains("check abandoned"), "{}", d.log());
+    // A client that only shut its writing side (`nc -N`) has not left: it
+    // gets its answer, however long the check takes.
+    use std::io::{BufRead, BufReader};
+    let sizes = vec!["1048576"; 200].join(",");
+    let mut c = UnixStream::connect(&d.control).unwrap();
+    c.write_all(format!("{{\"cmd\":\"check\",\"sizes\":[{sizes}]}}\n").as_bytes())
+        .unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut line = String::new();
+    BufReader::new(&c).read_line(&mut line).unwrap();
+    assert!(line.contains("\"passed\":200"), "{line}");
 }
 
 #[test]

@@ -287,7 +287,6 @@ fn both_ends_abort_mid_rendezvous() {
     keeps_working(&mut sim, &mut book, &[1]);
 }
 
-/// Aborting twice, and aborting an idle core, is harmless.
 /// A receive bound to a message that arrived in part (a fragment missing)
 /// and then aborted comes back with its own bytes where nothing arrived: not
 /// what an earlier message left in the unexpected store, which its chunks
@@ -342,6 +341,7 @@ fn a_receive_failed_part_way_hands_back_no_earlier_message() {
     );
 }
 
+/// Aborting twice, and aborting an idle core, is harmless.
 #[test]
 fn abort_idle_and_twice() {
     let cfg = CoreConfig::default();

@@ -323,11 +323,19 @@ fn a_polling_thread_that_dies_ends_what_waits_on_it() {
         let tested = a.test(r2).map(|_| ());
         let sent = a.isend(Addr::new(2, 0), 1, vec![1u8]).map(|_| ());
         let asked = a.stats(Addr::new(2, 0)).map(|_| ());
-        let _ = tx.send((waited, tested, sent.map_err(|r| r.error), asked));
+        // Nor does a close wait out its deadline for what will never finish.
+        let t = Instant::now();
+        a.close(Duration::from_secs(60));
+        let closed_in = t.elapsed();
+        let _ = tx.send((waited, tested, sent.map_err(|r| r.error), asked, closed_in));
     });
-    let (waited, tested, sent, asked) = rx
-        .recv_timeout(Duration::from_secs(20))
+    let (waited, tested, sent, asked, closed_in) = rx
+        .recv_timeout(Duration::from_secs(30))
         .expect("the wait on a dead polling thread ended");
+    assert!(
+        closed_in < Duration::from_secs(5),
+        "close took {closed_in:?}"
+    );
     for r in [waited, tested, sent, asked] {
         assert!(
             matches!(&r, Err(Error::Thread(m)) if m.contains("died")),
@@ -427,6 +435,43 @@ fn an_inline_endpoint_outlives_its_engine() {
     sent.into_send().unwrap();
     let report = a.close(Duration::from_secs(1));
     assert_eq!(report.aborted, 0);
+}
+
+/// An engine shut down just after a message came in still acknowledges it
+/// (its acknowledgement waits a moment to ride with others): the sender's
+/// send completes, and is not failed for a peer that went silent.
+#[test]
+fn a_shutdown_acknowledges_what_came_in() {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut ea = Engine::start(&cfg(1, (2, mb), ProgressMode::Inline), ia).unwrap();
+    let mut eb = Engine::start(&cfg(2, (1, ma), thread_mode()), ib).unwrap();
+    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    for round in 0..2u64 {
+        // (The first round greets: its acknowledgements go at once.)
+        let r = b.irecv(None, round, u64::MAX, vec![0u8; 4]).unwrap();
+        let s = a.isend(Addr::new(2, 0), round, b"ping".to_vec()).unwrap();
+        loop {
+            a.progress();
+            if b.test(r).unwrap().is_some() {
+                break;
+            }
+        }
+        if round == 0 {
+            a.wait(s).unwrap().into_send().unwrap();
+            continue;
+        }
+        eb.shutdown(Duration::from_secs(1)).unwrap();
+        let t = Instant::now();
+        let sent = loop {
+            if let Some(c) = a.test(s).unwrap() {
+                break c;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "the send never ended");
+        };
+        assert!(sent.result.is_ok(), "{:?}", sent.result);
+        break;
+    }
 }
 
 /// `Duration::MAX` is no deadline, not a panic.

@@ -951,6 +951,8 @@ fn poll_thread(
     // What each endpoint's `backlogged` flag says (written only on change).
     let mut backlogged = vec![false; n_eps];
     let mut backoff = Backoff::new(spin);
+    // Stopping: since when nothing has been under way, nor sent or received.
+    let mut quiet_since: Option<Instant> = None;
     loop {
         let now = clock.now();
         let mut work = 0;
@@ -1054,10 +1056,18 @@ fn poll_thread(
                 .unwrap_or_else(|e| e.into_inner())
                 .unwrap_or_else(Instant::now);
             // Sends, and receives whose messages are arriving, may finish;
-            // receives still waiting for a message end now (one that stands
-            // for good would hold every stop for its whole deadline).
+            // receives still waiting for a message end then (one that stands
+            // for good would hold every stop for its whole deadline). And a
+            // moment of quiet first (as an inline close lingers): the
+            // acknowledgements of the last messages received wait to be
+            // coalesced, and a peer that never got them would fail sends
+            // that arrived.
             let under_way = (0..n_eps).any(|ep| driver.core(ep).in_progress() != 0);
-            if !under_way || Instant::now() >= until {
+            if under_way || !p.idle() {
+                quiet_since = None;
+            }
+            let quiet = quiet_since.get_or_insert_with(Instant::now).elapsed() >= LINGER;
+            if quiet || Instant::now() >= until {
                 // What is left is aborted: the cores complete every outstanding
                 // request with its buffer, and each application learns it
                 // through its ring.
@@ -1424,9 +1434,12 @@ impl Endpoint {
     /// spent), `None` if not yet.
     pub fn test(&mut self, req: Request) -> Result<Option<Completed>, Error> {
         if !self.requests.is_done(req)? {
+            // Read before the rings are: the thread's last completions were
+            // pushed before it was marked dead, so this drain takes them.
+            let died = self.shared.died.load(Ordering::Acquire);
             self.progress();
             if !self.requests.is_done(req)? {
-                if self.shared.died.load(Ordering::Relaxed) {
+                if died {
                     // It will never finish: the thread that held it is gone.
                     return Err(self.shared.stopped_error());
                 }
@@ -1765,6 +1778,7 @@ impl Endpoint {
         let mut spins = 0;
         let until = after(deadline);
         let drained = |r: &Requests| pending.iter().all(|&q| r.is_done(q).unwrap_or(true));
+        let died = |sh: &Shared| sh.died.load(Ordering::Acquire);
         while Instant::now() < until && !drained(&self.requests) {
             if let Mode::Inline(d) = &mut self.mode {
                 if d.core(0).in_progress() == 0 {
@@ -1772,11 +1786,16 @@ impl Endpoint {
                     break;
                 }
             }
+            if died(&self.shared) {
+                // Nothing more will finish: take what the thread left.
+                self.progress();
+                break;
+            }
             if !self.progress() {
                 self.idle(&mut spins);
             }
         }
-        if !drained(&self.requests) {
+        if !drained(&self.requests) && !died(&self.shared) {
             match &mut self.mode {
                 Mode::Inline(d) => d.core(0).abort_all(self.clock.now()),
                 Mode::Thread => {

@@ -115,7 +115,8 @@ impl Daemon {
     }
 
     /// Serves until a signal or a `shutdown` request, then drains and stops.
-    pub fn run(mut self) {
+    /// Fails when the engine died under it (its polling thread panicked).
+    pub fn run(mut self) -> Result<(), String> {
         let mut idle_since: Option<Instant> = None;
         let mut nap = NAP_MIN;
         let mut next_scan = Instant::now();
@@ -124,6 +125,11 @@ impl Daemon {
             let mut busy = false;
             for st in &mut self.stations {
                 busy |= st.poll(&mut self.checks);
+            }
+            if let Some(why) = self.stations.iter().find_map(|st| st.dead.clone()) {
+                tracing::error!("the engine stopped: {why}");
+                self.checks.abort_all("the engine stopped");
+                return Err(format!("the engine stopped: {why}"));
             }
             while let Ok(c) = self.ctl.try_recv() {
                 busy = true;
@@ -157,6 +163,7 @@ impl Daemon {
             info!("signal received");
         }
         self.shutdown();
+        Ok(())
     }
 
     /// Serves one control request; true when it asks emxd to stop.

@@ -233,9 +233,9 @@ fn run(args: Args) -> Result<(), Failure> {
         eal,
         max,
     };
-    Daemon::new(parts, cluster, info, rx, stop).run();
+    let served = Daemon::new(parts, cluster, info, rx, stop).run();
     drop(socket_file);
-    Ok(())
+    served.map_err(Failure::Start)
 }
 
 fn level_filter(l: Level) -> LevelFilter {

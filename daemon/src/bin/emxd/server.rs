@@ -235,21 +235,19 @@ fn refuse(stream: UnixStream, why: &str) {
     let _ = (&stream).write_all(&out);
 }
 
-/// Whether the client at the other end of `stream` closed it (or it
-/// failed): a look at what waits to be read, taking nothing. What a client
-/// sent ahead (its next request) is not a sign that it left.
+/// Whether the client at the other end of `stream` is gone: it closed its
+/// socket (a hang-up), or the socket failed. One that only shut its writing
+/// side (`nc -N`, a script that closed its input) still waits to read, and
+/// has not left.
 fn client_left(stream: &UnixStream) -> bool {
-    use nix::errno::Errno;
-    use nix::sys::socket::{recv, MsgFlags};
-    let mut byte = [0u8; 1];
-    match recv(
-        stream.as_raw_fd(),
-        &mut byte,
-        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
-    ) {
-        Ok(0) => true,
-        Ok(_) | Err(Errno::EAGAIN) | Err(Errno::EINTR) => false,
-        Err(_) => true,
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(stream.as_fd(), PollFlags::empty())];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(_) => fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
+        Err(_) => false,
     }
 }
 

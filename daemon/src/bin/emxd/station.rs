@@ -128,6 +128,9 @@ pub struct Station {
     /// How often a peer given up is greeted again: the liveness deadline, so
     /// that one attempt has run its course before the next.
     regreet: Duration,
+    /// Why the engine under this station is gone for good (its polling
+    /// thread died), once it is: emxd cannot serve on.
+    pub dead: Option<String>,
 }
 
 impl Station {
@@ -169,6 +172,7 @@ impl Station {
             closing: false,
             repost_warned: false,
             regreet,
+            dead: None,
             ep,
         };
         st.repost();
@@ -277,6 +281,10 @@ impl Station {
                     self.finished(role, c, checks);
                 }
                 Ok(None) => self.reqs.push((req, role)),
+                Err(emx::runtime::Error::Thread(why)) => {
+                    // The engine is gone: nothing more will complete.
+                    self.dead.get_or_insert(why);
+                }
                 Err(e) => {
                     // A handle the endpoint does not know: never expected.
                     warn!(endpoint = self.local.endpoint, error = %e, role = role.name(), "request lost");
