@@ -474,6 +474,25 @@ fn a_shutdown_acknowledges_what_came_in() {
     }
 }
 
+/// A polling thread's endpoint dropped without `close` has its requests
+/// aborted: a send to a peer that never answers no longer goes on for
+/// nobody, holding the engine's shutdown for its whole deadline.
+#[test]
+fn a_dropped_endpoint_leaves_nothing_under_way() {
+    let (ia, _ib) = MemNetwork::pair(1500);
+    let mut c = cfg(1, (2, [2, 0, 0, 0, 0, 2]), thread_mode());
+    // A peer given up only after the test: the send stays under way.
+    c.protocol.peer_timeout_us = Some(60_000_000);
+    let mut ea = Engine::start(&c, ia).unwrap();
+    let mut a = ea.endpoint().unwrap();
+    a.isend(Addr::new(2, 0), 1, vec![1u8; 100]).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    drop(a);
+    let t = Instant::now();
+    ea.shutdown(Duration::from_secs(20)).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
 /// `Duration::MAX` is no deadline, not a panic.
 #[test]
 fn shutdown_and_close_take_no_deadline() {

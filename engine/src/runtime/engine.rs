@@ -1192,6 +1192,26 @@ impl<B> std::fmt::Display for Refused<B> {
 
 impl<B: std::fmt::Debug> std::error::Error for Refused<B> {}
 
+impl Drop for Endpoint {
+    /// A polling thread's endpoint dropped without [`close`](Endpoint::close)
+    /// has its requests aborted: they would otherwise go on for nobody (sends
+    /// sent again until their peer gave up, receives taking messages, a
+    /// shutdown waiting for them). Inline, they go with the endpoint's core.
+    fn drop(&mut self) {
+        if self.closed
+            || !matches!(self.mode, Mode::Thread)
+            || self.shared.state.load(Ordering::Acquire) != RUNNING
+        {
+            return;
+        }
+        let t = Instant::now();
+        while self.push_cmd(Cmd::Abort).is_err() && t.elapsed() < Duration::from_secs(1) {
+            // The ring is full: make room by taking events.
+            self.progress();
+        }
+    }
+}
+
 impl Endpoint {
     /// Idle polls a wait makes on a polling thread's rings before it parks,
     /// unless it runs on the CPU the polling thread is pinned to: then it
