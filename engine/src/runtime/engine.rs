@@ -785,9 +785,9 @@ impl Engine {
     /// Stops accepting work, lets requests under way (sends, and receives
     /// whose messages are arriving) finish until `deadline` from now,
     /// completes the rest (receives still waiting for a message among them)
-    /// with [`Error::ShutDown`], and stops the polling thread. The link closes when the engine and its
-    /// endpoint are gone. (Inline engines are drained by
-    /// [`Endpoint::close`].)
+    /// with [`Error::ShutDown`], and stops the polling thread. The link
+    /// closes when the engine and its endpoint are gone. (Inline engines are
+    /// drained by [`Endpoint::close`].)
     pub fn shutdown(mut self, deadline: Duration) -> Result<(), Error> {
         self.stop(deadline)
     }
@@ -1787,9 +1787,9 @@ impl Endpoint {
     /// Closes the endpoint: no new requests; outstanding ones get until
     /// `deadline` to finish (inline, only those under way: a receive still
     /// waiting for a message ends at once); the rest are aborted (they
-    /// complete with [`Error::ShutDown`]). Every completion, with its buffer, is in the
-    /// report. Other endpoints of the engine are not affected; the link closes
-    /// when the engine and its endpoints are gone.
+    /// complete with [`Error::ShutDown`]). Every completion, with its buffer,
+    /// is in the report. Other endpoints of the engine are not affected; the
+    /// link closes when the engine and its endpoints are gone.
     pub fn close(mut self, deadline: Duration) -> ShutdownReport {
         self.closed = true;
         // Finished ones not yet taken too: their buffers come back in the
