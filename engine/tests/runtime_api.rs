@@ -394,12 +394,18 @@ fn a_standing_receive_does_not_hold_a_stop() {
     assert!(matches!(c.result, Err(Error::ShutDown)), "{:?}", c.result);
     assert!(matches!(c.buf, Buf::Recv(ref b) if b.as_ref().len() == 8));
 
-    let (_ea, _eb, mut a, _b) = joined(&ProgressMode::Inline);
-    a.irecv(None, 77, u64::MAX, vec![0u8; 8]).unwrap();
-    let t = Instant::now();
-    let report = a.close(Duration::from_secs(20));
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    assert_eq!((report.aborted, report.drained), (1, 0));
+    for mode in [ProgressMode::Inline, thread_mode()] {
+        let (_ea, _eb, mut a, _b) = joined(&mode);
+        a.irecv(None, 77, u64::MAX, vec![0u8; 8]).unwrap();
+        let t = Instant::now();
+        let report = a.close(Duration::from_secs(20));
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{mode:?}: {:?}",
+            t.elapsed()
+        );
+        assert_eq!((report.aborted, report.drained), (1, 0), "{mode:?}");
+    }
 }
 
 /// An inline endpoint outlives its engine: it drives the link itself, and

@@ -367,6 +367,9 @@ enum Cmd {
     },
     /// Abort every outstanding request of this endpoint.
     Abort,
+    /// How many of this endpoint's requests are under way
+    /// ([`Core::in_progress`]).
+    InProgress,
 }
 
 enum Event {
@@ -383,6 +386,7 @@ enum Event {
     Stats(Box<(Option<PeerStats>, IoStats)>),
     Peers(Vec<PeerStatus>),
     Reconnect(bool),
+    InProgress(usize),
 }
 
 /// A peer as an endpoint sees it: who it is, whether its session is up, when
@@ -1015,6 +1019,7 @@ fn poll_thread(
                         backlog[ep].push_back(Event::Stats(Box::new((st, driver.io_stats()))));
                     }
                     Cmd::Peers => backlog[ep].push_back(Event::Peers(peer_status(core, now))),
+                    Cmd::InProgress => backlog[ep].push_back(Event::InProgress(core.in_progress())),
                     Cmd::Reconnect { addr } => {
                         backlog[ep].push_back(Event::Reconnect(reconnect(core, now, addr)))
                     }
@@ -1784,10 +1789,10 @@ impl Endpoint {
         }
     }
 
-    /// Closes the endpoint: no new requests; outstanding ones get until
-    /// `deadline` to finish (inline, only those under way: a receive still
-    /// waiting for a message ends at once); the rest are aborted (they
-    /// complete with [`Error::ShutDown`]). Every completion, with its buffer,
+    /// Closes the endpoint: no new requests; those under way (sends, and
+    /// receives whose messages are arriving) get until `deadline` to finish;
+    /// the rest (receives still waiting for a message among them) are aborted
+    /// (they complete with [`Error::ShutDown`]). Every completion, with its buffer,
     /// is in the report. Other endpoints of the engine are not affected; the
     /// link closes when the engine and its endpoints are gone.
     pub fn close(mut self, deadline: Duration) -> ShutdownReport {
@@ -1799,12 +1804,20 @@ impl Endpoint {
         let until = after(deadline);
         let drained = |r: &Requests| pending.iter().all(|&q| r.is_done(q).unwrap_or(true));
         let died = |sh: &Shared| sh.died.load(Ordering::Acquire);
+        let mut asked_at = Instant::now();
         while Instant::now() < until && !drained(&self.requests) {
-            if let Mode::Inline(d) = &mut self.mode {
-                if d.core(0).in_progress() == 0 {
-                    // Only receives waiting for a message are left.
-                    break;
+            // Only receives waiting for a message left: they may wait for good.
+            let idle = match &mut self.mode {
+                Mode::Inline(d) => d.core(0).in_progress() == 0,
+                // (asked of the polling thread now and then, not every turn)
+                Mode::Thread if asked_at.elapsed() >= Duration::from_millis(1) => {
+                    asked_at = Instant::now();
+                    matches!(self.control(Cmd::InProgress), Ok(Event::InProgress(0)))
                 }
+                Mode::Thread => false,
+            };
+            if idle {
+                break;
             }
             if died(&self.shared) {
                 // Nothing more will finish: take what the thread left.
