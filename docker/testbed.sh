@@ -33,20 +33,16 @@ else
 fi
 [ "$N" -ge 2 ] 2>/dev/null || { echo "docker testbed: N must be a number >= 2" >&2; exit 1; }
 
+# shellcheck source=scripts/cluster-check.sh
+. scripts/cluster-check.sh
+
 # What runs killed outright left (not kept ones, nor live runs'): containers,
-# networks and work directories, each named or labelled with its run's pid.
-# Only this user's runs in this pid namespace are looked at (the Docker engine
-# may serve other users, and containers whose pids mean something else); a
-# pid that is a zombie counts as gone (nothing may have reaped it yet), and
-# one that is this run's own is an earlier run's (nothing of this one exists yet).
+# networks and work directories, each named or labelled with its run's pid
+# (see run_over). Only this user's runs in this pid namespace are looked at:
+# the Docker engine may serve other users, and containers whose pids mean
+# something else.
 OWNER="$(id -u):$(readlink /proc/self/ns/pid 2>/dev/null || echo unknown)"
-alive() { # its state, the field after the last ')' of /proc/PID/stat
-    local st
-    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    st=${st##*) }
-    [ "${st%% *}" != Z ]
-}
-stale() { [[ $1 =~ ^[0-9]+$ ]] && [ -z "$2" ] && { [ "$1" = $$ ] || ! alive "$1"; }; }
+stale() { [[ $1 =~ ^[0-9]+$ ]] && [ -z "$2" ] && run_over "$1"; }
 sweep() { # docker ps -a | docker network ls, and how to remove one
     local what=$1 rm=$2 id pid keep owner
     docker $what --filter label=emx.testbed --filter "label=emx.owner=$OWNER" \
@@ -124,8 +120,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# shellcheck source=scripts/cluster-check.sh
-. scripts/cluster-check.sh
 # The cluster file: like config/examples/docker.toml, for N nodes.
 cluster_file 3 "$PORT" json > "$WORK/cluster.toml"
 chmod 644 "$WORK/cluster.toml"

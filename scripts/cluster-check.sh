@@ -1,6 +1,11 @@
 # The cluster file and the cluster check, shared by scripts/testbed-netns.sh
 # and docker/testbed.sh (sourced, not run). The caller sets N and DEADLINE_MS.
 #
+# run_over PID says whether the testbed run of that pid is over, so that the
+# leftovers named after it may go: no such process, or a zombie (nothing may
+# have reaped it yet), or this shell itself (nothing of this run exists yet
+# when it sweeps: what carries its pid is an earlier run's).
+#
 # cluster_file ID PORT FORMAT prints a cluster file of N nodes n1..nN, with
 # MACs learnt at run time, the DPDK port PORT on every node, the liveness
 # deadline DEADLINE_MS, and log lines in FORMAT (text or json).
@@ -22,6 +27,14 @@
 #      have given each other up, then joined again: every node sees every
 #      other up again (each greets the peers it gave up once per deadline),
 #      with no restart, and checks pass.
+
+run_over() {
+    local st
+    [ "$1" = $$ ] && return 0
+    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+    st=${st##*) } # the state: the field after the last ')'
+    [ "${st%% *}" = Z ]
+}
 
 cluster_file() {
     local id=$1 port=$2 format=$3 i

@@ -57,21 +57,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# shellcheck source=scripts/cluster-check.sh
+. scripts/cluster-check.sh
+
 # What a run killed outright (SIGKILL, a test runner's timeout) left: its
 # namespaces (their veths go with them) and bridge, named after its pid,
-# removed once that pid is gone (a zombie counts as gone: nothing may have
-# reaped it yet; this run's own pid is an earlier run's: nothing of this one
-# exists yet). A live run's are left alone.
-alive() { # its state, the field after the last ')' of /proc/PID/stat
-    local st
-    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    st=${st##*) }
-    [ "${st%% *}" != Z ]
-}
-stale_pid() {
-    [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] \
-        && { [ "${BASH_REMATCH[1]}" = $$ ] || ! alive "${BASH_REMATCH[1]}"; }
-}
+# removed once that run is over (see run_over). A live run's are left alone.
+stale_pid() { [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] && run_over "${BASH_REMATCH[1]}"; }
 for ns in $(ip netns list | awk '{print $1}'); do
     if stale_pid "$ns"; then ip netns del "$ns" 2>/dev/null || true; fi
 done
@@ -79,8 +71,6 @@ for br in $(ip -o link show type bridge | awk -F': ' '{print $2}' | cut -d@ -f1)
     if stale_pid "$br"; then ip link del "$br" 2>/dev/null || true; fi
 done
 
-# shellcheck source=scripts/cluster-check.sh
-. scripts/cluster-check.sh
 cluster_file 9 "net_af_packet0,iface=eth0,qpairs=1" text > "$WORK/cluster.toml"
 
 say "making $N namespaces on bridge $BR"
