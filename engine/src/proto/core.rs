@@ -219,6 +219,8 @@ pub(crate) struct PullState {
     pub(crate) frags: Frags<4>,
     pub(crate) blocks: [Block; 8],
     pub(crate) nblocks: u8,
+    /// In `Core::starved_pulls`: it wants data and has no pull in flight.
+    pub(crate) starved: bool,
 }
 
 pub(crate) struct RecvSlot<R> {
@@ -379,6 +381,15 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     pub(crate) frames: Vec<TxFrame>,
     pub(crate) frame_free: FreeList,
     pub(crate) frame_links: Links,
+    /// Bound rendezvous receives that found the frame table full with no pull
+    /// in flight (over `recv_links`): nothing else would pull for them again.
+    /// [`poll_transmit`](Self::poll_transmit) issues their pulls once frames
+    /// are free.
+    pub(crate) starved_pulls: List,
+    /// NOTIFYs (peer, message id) that found the frame table full, queued the
+    /// same way. While any work starves, RTSes are refused, so this holds at
+    /// most one NOTIFY per rendezvous envelope there was when it began.
+    pub(crate) starved_notifies: VecDeque<(u16, u32)>,
 
     pub(crate) completions: VecDeque<Completion<S, R>>,
     pub(crate) stats: CoreStats,
@@ -522,6 +533,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             frames: vec![TxFrame::EMPTY; n_frames],
             frame_free: FreeList::new(n_frames),
             frame_links: Links::new(n_frames),
+            starved_pulls: List::default(),
+            starved_notifies: VecDeque::new(),
             lend_base: None,
             streamed: false,
             large_posted: 0,
@@ -1187,6 +1200,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let (m, inv) = (slot.msg, slot.inv_peer);
         slot.msg = NIL;
         slot.inv_peer = NO_PEER;
+        if slot.pull.starved {
+            slot.pull.starved = false;
+            self.recv_links.remove(&mut self.starved_pulls, r);
+        }
         if m != NIL {
             self.free_msg(m);
         }
@@ -1614,6 +1631,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         // (the runtime checks `may_transmit` first so as not to prepare a
         // frame buffer on every idle poll)
         assert!(buf.len() >= FRAME_HEADER_LEN, "transmit buffer too small");
+        if self.may_feed() {
+            self.feed_starved();
+        }
         while let Some(&p) = self.ready.front() {
             // Sending arms timers; finding nothing to send may mark a stall, which
             // shortens the probe interval.
@@ -1643,7 +1663,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     #[must_use]
     #[inline]
     pub fn may_transmit(&self) -> bool {
-        !self.ready.is_empty()
+        !self.ready.is_empty() || self.may_feed()
     }
 
     fn base_header(&self, p: &Peer, ft: FrameType) -> Header {
@@ -2193,6 +2213,55 @@ mod tests {
         assert_eq!(b.handle_frame(now, &rts), Err(DropReason::Resources));
         b.frame_free.release(taken.pop().unwrap());
         assert_eq!(b.handle_frame(now, &rts), Ok(()));
+    }
+
+    /// A rendezvous receive bound while the frame table is full (NOTIFYs
+    /// waiting for a closed window can fill it) used to lose its NOTIFY, so
+    /// that the sender's send never completed, or to issue no pull at all,
+    /// so that the receive never completed. Both now wait for frames, and
+    /// RTSes are refused meanwhile (which bounds the NOTIFYs waiting).
+    #[test]
+    fn work_that_finds_the_frame_table_full_waits_for_frames() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        let mut b = greeted_b(&cfg, now);
+        let rts = |id: u32| hand_frame(&cfg, 0, FrameType::Rts, id, &[], &move |h| h.msg_id = id);
+        for id in 0..2 {
+            assert_eq!(b.handle_frame(now, &rts(id)), Ok(()));
+        }
+        let mut taken = Vec::new();
+        while let Some(i) = b.frame_free.alloc() {
+            taken.push(i);
+        }
+        // A truncating receive takes message 0 and completes at once; a
+        // whole one takes message 1. Neither finds a frame.
+        b.post_recv(now, Some(addr(0)), 7, !0, Vec::new(), 0)
+            .unwrap();
+        b.post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
+            .unwrap();
+        assert!(
+            matches!(b.poll_completion(), Some(Completion::Recv(d)) if d.result.is_ok()),
+            "the truncating receive is done"
+        );
+        for i in taken {
+            b.frame_free.release(i);
+        }
+        assert_eq!(
+            b.handle_frame(now, &rts(2)),
+            Err(DropReason::Resources),
+            "no RTS while work waits for frames"
+        );
+        let mut buf = vec![0u8; 9216];
+        let mut sent = Vec::new();
+        while let Some(t) = b.poll_transmit(now, &mut buf) {
+            let f = crate::wire::Frame::new_checked(&buf[..t.header_len]).unwrap();
+            let h = Header::parse(&f, cfg.ethertype, false).unwrap();
+            sent.push((h.frame_type, h.msg_id));
+        }
+        assert!(sent.contains(&(FrameType::Notify, 0)), "sent {sent:?}");
+        assert!(sent.contains(&(FrameType::Pull, 1)), "sent {sent:?}");
+        assert!(!b.starving());
+        assert_eq!(b.handle_frame(now, &rts(2)), Ok(()));
     }
 
     /// PULL_DATA is taken only for what a PULL that left asked for. Data

@@ -391,6 +391,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.frame_free.release(i);
         }
         peer.lost = 0;
+        // As the NOTIFYs queued in frames just dropped.
+        self.drop_starved_notifies(p);
     }
 
     /// Starts both halves of the stream over (after `fail_peer`).

@@ -43,8 +43,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         // sized for them, but a NOTIFY outlives its receive (it waits for the
         // peer's window): refused here, unacknowledged, the RTS comes again
         // later, where a NOTIFY that found no frame would be lost for good.
+        // Nor while work that found the table full waits for frames: that
+        // bounds the NOTIFYs waiting by the envelopes there were.
         if self.msg_free.available() == 0
             || self.frame_free.available() < self.cfg.pull_inflight as usize + 1 + FRAME_RESERVE
+            || self.starving()
         {
             return Err(DropReason::Resources);
         }
@@ -124,14 +127,72 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.touch(msg.peer);
             self.mark_ready(msg.peer);
         }
+        let pull = &mut self.recvs[r as usize].pull;
+        if pull.nblocks == 0 && pull.next_pull < pull.wanted && !pull.starved {
+            // The frame table is full (NOTIFYs waiting for a closed window
+            // can fill it) and no pull is in flight whose data would call
+            // again: wait for a frame.
+            pull.starved = true;
+            self.recv_links.push_back(&mut self.starved_pulls, r);
+        }
+    }
+
+    /// Whether some PULL or NOTIFY waits for a frame of the table.
+    #[inline]
+    pub(crate) fn starving(&self) -> bool {
+        !self.starved_pulls.is_empty() || !self.starved_notifies.is_empty()
+    }
+
+    /// Whether [`feed_starved`](Self::feed_starved) has work it can do now.
+    #[inline]
+    pub(crate) fn may_feed(&self) -> bool {
+        self.starving() && self.frame_free.available() > 0
+    }
+
+    /// Gives free frames to the NOTIFYs and then the pulls that found the
+    /// table full, oldest first.
+    pub(crate) fn feed_starved(&mut self) {
+        while let Some(&(p, msg_id)) = self.starved_notifies.front() {
+            let Some(i) = self.frame_free.alloc() else {
+                return;
+            };
+            self.starved_notifies.pop_front();
+            self.push_notify(i, p, msg_id);
+        }
+        while self.frame_free.available() > 0 {
+            let Some(r) = self.recv_links.pop_front(&mut self.starved_pulls) else {
+                return;
+            };
+            self.recvs[r as usize].pull.starved = false;
+            self.issue_pulls(r);
+        }
+    }
+
+    /// Drops the NOTIFYs for peer `p` that wait for a frame: its session
+    /// starts over, and a new session's message ids are not the old ones.
+    pub(crate) fn drop_starved_notifies(&mut self, p: u16) {
+        if !self.starved_notifies.is_empty() {
+            self.starved_notifies.retain(|&(q, _)| q != p);
+        }
     }
 
     pub(crate) fn queue_notify(&mut self, p: u16, msg_id: u32) {
         let Some(i) = self.frame_free.alloc() else {
-            // The frame table is sized for one notify per receive on top of the windows.
-            debug_assert!(false, "frame table exhausted");
+            // Every NOTIFY waiting is for an envelope that was there when the
+            // table filled (RTSes are refused meanwhile): fewer than the
+            // envelope table holds.
+            if self.starved_notifies.len() < self.msgs.len() {
+                self.starved_notifies.push_back((p, msg_id));
+            } else {
+                debug_assert!(false, "more NOTIFYs waiting than envelopes");
+            }
             return;
         };
+        self.push_notify(i, p, msg_id);
+    }
+
+    /// Queues NOTIFY for message `msg_id` of peer `p` in frame `i`.
+    fn push_notify(&mut self, i: u32, p: u16, msg_id: u32) {
         self.frames[i as usize] = TxFrame {
             seq: 0,
             kind: FrameType::Notify,
