@@ -499,6 +499,37 @@ fn a_dropped_endpoint_leaves_nothing_under_way() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
 
+/// A polling thread's endpoint, closed or dropped, goes silent as if its
+/// process had ended: a peer's send to it fails once the peer gives it up.
+/// Its core used to go on acknowledging messages, so that they completed as
+/// if delivered and parked in a store nobody read; once the peer's credit
+/// was spent there, its sends waited for good.
+#[test]
+fn a_closed_endpoint_takes_no_more_messages() {
+    for close in [true, false] {
+        let (ea, eb, mut a, b) = joined(&thread_mode());
+        let r = a.isend(Addr::new(2, 0), 1, vec![1u8; 100]).unwrap();
+        assert!(a.wait(r).unwrap().result.is_ok(), "taken while open");
+        if close {
+            b.close(Duration::from_secs(1));
+        } else {
+            drop(b);
+        }
+        // (past the moment the core keeps for its last acknowledgements)
+        std::thread::sleep(Duration::from_millis(50));
+        let r = a.isend(Addr::new(2, 0), 2, vec![2u8; 100]).unwrap();
+        let c = a.wait(r).unwrap();
+        assert!(
+            matches!(c.result, Err(Error::Request(RequestError::PeerUnreachable))),
+            "close {close}: {:?}",
+            c.result
+        );
+        drop(a);
+        ea.shutdown(Duration::from_secs(1)).unwrap();
+        eb.shutdown(Duration::from_secs(1)).unwrap();
+    }
+}
+
 /// `Duration::MAX` is no deadline, not a panic.
 #[test]
 fn shutdown_and_close_take_no_deadline() {

@@ -408,6 +408,8 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     /// Payloads shorter than this are copied into the frame buffer behind the
     /// headers (see [`set_copy_below`](Self::set_copy_below)).
     pub(crate) copy_below: usize,
+    /// Closed for good ([`close`](Self::close)).
+    pub(crate) closed: bool,
 }
 
 impl<S: AsRef<[u8]>, R: RecvBuffer> Drop for Core<S, R> {
@@ -541,6 +543,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             copy_below: 0,
             lent: None,
             completions: VecDeque::with_capacity(cfg.max_sends + cfg.max_recvs),
+            closed: false,
             stats: CoreStats::default(),
             cfg,
         })
@@ -713,6 +716,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         buf: S,
         ctx: u64,
     ) -> Result<RequestId, Rejected<SendError, S>> {
+        if self.closed {
+            return Err(Rejected {
+                error: SendError::Closed,
+                buf,
+            });
+        }
         let Some(p) = self.lookup_peer(dst.key()) else {
             return Err(Rejected {
                 error: SendError::UnknownPeer,
@@ -804,6 +813,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         mut buf: R,
         ctx: u64,
     ) -> Result<RequestId, Rejected<RecvError, R>> {
+        if self.closed {
+            return Err(Rejected {
+                error: RecvError::Closed,
+                buf,
+            });
+        }
         let src_peer = match src {
             None => NO_PEER,
             Some(a) => match self.lookup_peer(a.key()) {
@@ -939,6 +954,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     ///
     /// `now` is the time of the call (aborting starts no timer).
     pub fn abort_all(&mut self, now: Time) {
+        if self.closed {
+            return;
+        }
         let _ = now;
         for p in 0..self.peers.len() as u16 {
             // Frames first, so that nothing refers to a send once it is gone.
@@ -969,6 +987,33 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.touch(p);
         }
         debug_assert_eq!(self.outstanding(), 0);
+    }
+
+    /// Closes the core for good, as if its endpoint had ended: every request
+    /// is aborted ([`abort_all`](Self::abort_all)), and from now on every
+    /// frame is dropped unanswered (counted as [`DropReason::NotForUs`]),
+    /// nothing is sent, no timer runs, and new requests are refused
+    /// ([`SendError::Closed`], [`RecvError::Closed`]). Its peers' sends to it
+    /// end as they would if its process had gone: they fail with
+    /// [`RequestError::PeerUnreachable`] once the peer gives it up, instead of
+    /// being acknowledged into an unexpected store nobody reads.
+    ///
+    /// Let the last acknowledgements leave first (drive the core a moment after
+    /// the aborts): the frames queued when it closes are dropped with it.
+    pub fn close(&mut self, now: Time) {
+        self.abort_all(now);
+        self.closed = true;
+        self.fence_streaming();
+        while let Some(p) = self.ready.pop_front() {
+            self.peers[p as usize].in_ready = false;
+        }
+        self.starved_notifies.clear();
+        debug_assert!(self.starved_pulls.is_empty(), "aborted receives left it");
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed
     }
 
     /// Drops peer `p`'s frame records that refer to sends (EAGER, RTS, PULL_DATA in
@@ -1261,6 +1306,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
 
     #[inline]
     fn handle_frame_inner(&mut self, now: Time, frame: &[u8]) -> Result<(), DropReason> {
+        if self.closed {
+            // Gone, to the peers: nothing is acknowledged or answered.
+            self.stats.dropped.count(DropReason::NotForUs);
+            return Err(DropReason::NotForUs);
+        }
         let f = match Frame::new_checked(frame) {
             Ok(f) => f,
             Err(r) => {
@@ -1535,6 +1585,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     #[must_use]
     #[inline]
     pub fn poll_timeout(&self) -> Option<Time> {
+        if self.closed {
+            return None;
+        }
         if self.dirty_len.get() != 0 {
             self.refresh_deadlines();
         }
@@ -1549,6 +1602,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// probes and peer deadlines. Call when the time from
     /// [`poll_timeout`](Self::poll_timeout) has come (calling early is harmless).
     pub fn handle_timeout(&mut self, now: Time) {
+        if self.closed {
+            return;
+        }
         self.refresh_deadlines();
         // Only the peers that are due, found through the tree (which the work below does
         // not change: it touches the peers, and the tree catches up at the next poll).
@@ -1631,6 +1687,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         // (the runtime checks `may_transmit` first so as not to prepare a
         // frame buffer on every idle poll)
         assert!(buf.len() >= FRAME_HEADER_LEN, "transmit buffer too small");
+        if self.closed {
+            return None;
+        }
         if self.may_feed() {
             self.feed_starved();
         }
@@ -2213,6 +2272,27 @@ mod tests {
         assert_eq!(b.handle_frame(now, &rts), Err(DropReason::Resources));
         b.frame_free.release(taken.pop().unwrap());
         assert_eq!(b.handle_frame(now, &rts), Ok(()));
+    }
+
+    /// A closed core is gone to its peers: it answers no frame, sends
+    /// nothing, runs no timer and takes no request.
+    #[test]
+    fn a_closed_core_answers_nothing() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        let mut b = greeted_b(&cfg, now);
+        let eager = hand_frame(&cfg, 0, FrameType::Eager, 0, &[1; 8], &|h| h.msg_len = 8);
+        b.close(now);
+        assert!(b.is_closed());
+        assert_eq!(b.handle_frame(now, &eager), Err(DropReason::NotForUs));
+        assert_eq!(b.poll_timeout(), None);
+        assert!(!b.may_transmit());
+        assert!(b.poll_transmit(now, &mut [0u8; 9216]).is_none());
+        let e = b.post_recv(now, None, 7, !0, vec![0u8; 8], 0).unwrap_err();
+        assert_eq!(e.error, RecvError::Closed);
+        let e = b.send(now, addr(0), 7, vec![0u8; 8], 0).unwrap_err();
+        assert_eq!(e.error, SendError::Closed);
+        assert_eq!(b.stats().dropped.get(DropReason::NotForUs), 1);
     }
 
     /// A rendezvous receive bound while the frame table is full (NOTIFYs

@@ -569,6 +569,9 @@ pub enum SendError {
     /// The peer was declared unreachable and has not come back (a new session).
     #[error("peer unreachable")]
     PeerUnreachable,
+    /// This core was closed ([`Core::close`]).
+    #[error("the endpoint is closed")]
+    Closed,
 }
 
 /// Why a receive was refused at once (its buffer comes back in [`Rejected`]).
@@ -583,6 +586,9 @@ pub enum RecvError {
     /// The source was declared unreachable.
     #[error("peer unreachable")]
     PeerUnreachable,
+    /// This core was closed ([`Core::close`]).
+    #[error("the endpoint is closed")]
+    Closed,
 }
 
 /// A refused request: the error and the caller's buffer, handed back.

@@ -365,8 +365,11 @@ enum Cmd {
     Reconnect {
         addr: Addr,
     },
-    /// Abort every outstanding request of this endpoint.
-    Abort,
+    /// The endpoint is gone (closed or dropped): abort every outstanding
+    /// request, and after a moment for the last acknowledgements to leave,
+    /// close its core ([`Core::close`]), which then drops every frame
+    /// unanswered, as if the endpoint's process had ended.
+    Close,
     /// How many of this endpoint's requests are under way
     /// ([`Core::in_progress`]).
     InProgress,
@@ -957,6 +960,9 @@ fn poll_thread(
     let mut backoff = Backoff::new(spin);
     // Stopping: since when nothing has been under way, nor sent or received.
     let mut quiet_since: Option<Instant> = None;
+    // Endpoints gone (`Cmd::Close`): since when, until their cores close.
+    let mut closing: Vec<Option<Instant>> = vec![None; n_eps];
+    let mut n_closing = 0;
     loop {
         let now = clock.now();
         let mut work = 0;
@@ -1023,13 +1029,26 @@ fn poll_thread(
                     Cmd::Reconnect { addr } => {
                         backlog[ep].push_back(Event::Reconnect(reconnect(core, now, addr)))
                     }
-                    Cmd::Abort => core.abort_all(now),
+                    Cmd::Close => {
+                        core.abort_all(now);
+                        closing[ep] = Some(Instant::now());
+                        n_closing += 1;
+                    }
                 }
             }
         }
         let p = driver.progress(now, &mut |ep, c| {
             file_completion(&mut ids, &mut backlog, ep, c);
         });
+        if n_closing != 0 {
+            for (ep, since) in closing.iter_mut().enumerate() {
+                if since.is_some_and(|t| t.elapsed() >= LINGER) {
+                    driver.core(ep).close(now);
+                    *since = None;
+                    n_closing -= 1;
+                }
+            }
+        }
         let mut delivered = false;
         let mut woke_here = false;
         for (ep, eps) in shared.eps.iter().enumerate() {
@@ -1201,7 +1220,8 @@ impl Drop for Endpoint {
     /// A polling thread's endpoint dropped without [`close`](Endpoint::close)
     /// has its requests aborted: they would otherwise go on for nobody (sends
     /// sent again until their peer gave up, receives taking messages, a
-    /// shutdown waiting for them). Inline, they go with the endpoint's core.
+    /// shutdown waiting for them). Its core then closes as with `close`.
+    /// Inline, they go with the endpoint's core.
     fn drop(&mut self) {
         if self.closed
             || !matches!(self.mode, Mode::Thread)
@@ -1210,7 +1230,7 @@ impl Drop for Endpoint {
             return;
         }
         let t = Instant::now();
-        while self.push_cmd(Cmd::Abort).is_err() && t.elapsed() < Duration::from_secs(1) {
+        while self.push_cmd(Cmd::Close).is_err() && t.elapsed() < Duration::from_secs(1) {
             // The ring is full: make room by taking events.
             self.progress();
         }
@@ -1793,7 +1813,12 @@ impl Endpoint {
     /// receives whose messages are arriving) get until `deadline` to finish;
     /// the rest (receives still waiting for a message among them) are aborted
     /// (they complete with [`Error::ShutDown`]). Every completion, with its buffer,
-    /// is in the report. Other endpoints of the engine are not affected; the
+    /// is in the report. Then the endpoint is gone to its peers, as if its
+    /// process had ended: on a polling thread, its core goes on a few
+    /// milliseconds for the last acknowledgements and then answers nothing
+    /// ([`Core::close`]), so a peer's sends to it fail
+    /// ([`RequestError::PeerUnreachable`](crate::proto::RequestError)) once the
+    /// peer gives it up. Other endpoints of the engine are not affected; the
     /// link closes when the engine and its endpoints are gone.
     pub fn close(mut self, deadline: Duration) -> ShutdownReport {
         self.closed = true;
@@ -1828,16 +1853,19 @@ impl Endpoint {
                 self.idle(&mut spins);
             }
         }
+        // A polling thread's core is closed (after aborting what is left),
+        // so that its peers find the endpoint gone.
+        // (A stopping engine aborts everything itself.)
+        if matches!(self.mode, Mode::Thread) && self.shared.state.load(Ordering::Acquire) == RUNNING
+        {
+            let t = Instant::now();
+            while self.push_cmd(Cmd::Close).is_err() && t.elapsed() < Duration::from_secs(1) {
+                self.progress();
+            }
+        }
         if !drained(&self.requests) && !died(&self.shared) {
-            match &mut self.mode {
-                Mode::Inline(d) => d.core(0).abort_all(self.clock.now()),
-                Mode::Thread => {
-                    let t = Instant::now();
-                    while self.push_cmd(Cmd::Abort).is_err() && t.elapsed() < Duration::from_secs(1)
-                    {
-                        self.progress();
-                    }
-                }
+            if let Mode::Inline(d) = &mut self.mode {
+                d.core(0).abort_all(self.clock.now());
             }
             // Aborted requests complete at once (inline) or within a round of
             // the polling thread; bounded in case the thread is gone.
