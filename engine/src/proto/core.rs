@@ -390,6 +390,10 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     /// same way. While any work starves, RTSes are refused, so this holds at
     /// most one NOTIFY per rendezvous envelope there was when it began.
     pub(crate) starved_notifies: VecDeque<(u16, u32)>,
+    /// Peers whose window had room for a new frame when the table had none
+    /// (each once): put back on the transmit queue once frames are free, as
+    /// only their own frames or timers would otherwise.
+    pub(crate) starved_peers: VecDeque<u16>,
 
     pub(crate) completions: VecDeque<Completion<S, R>>,
     pub(crate) stats: CoreStats,
@@ -537,6 +541,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             frame_links: Links::new(n_frames),
             starved_pulls: List::default(),
             starved_notifies: VecDeque::new(),
+            starved_peers: VecDeque::with_capacity(cfg.max_peers),
             lend_base: None,
             streamed: false,
             large_posted: 0,
@@ -1008,6 +1013,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.peers[p as usize].in_ready = false;
         }
         self.starved_notifies.clear();
+        while let Some(p) = self.starved_peers.pop_front() {
+            self.peers[p as usize].frame_starved = false;
+        }
         debug_assert!(self.starved_pulls.is_empty(), "aborted receives left it");
     }
 
@@ -1815,6 +1823,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 self.frame_links.push_back(&mut peer.inflight, i);
                 return Some(self.emit_reliable(now, p, i, buf));
             }
+            let peer = &mut self.peers[p as usize];
+            if self.frame_free.available() == 0 && !peer.frame_starved {
+                peer.frame_starved = true;
+                self.starved_peers.push_back(p);
+            }
         } else if has_new {
             // Count each stall once, not each time the transmit path finds it.
             let peer = &mut self.peers[p as usize];
@@ -2342,6 +2355,36 @@ mod tests {
         assert!(sent.contains(&(FrameType::Pull, 1)), "sent {sent:?}");
         assert!(!b.starving());
         assert_eq!(b.handle_frame(now, &rts(2)), Ok(()));
+    }
+
+    /// A message that finds the frame table full leaves once frames are
+    /// free. Its peer used to leave the transmit queue then, and came back
+    /// only with a frame from the peer or a timer (a keepalive away).
+    #[test]
+    fn a_message_that_finds_the_frame_table_full_leaves_when_frames_free() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        let mut b = greeted_b(&cfg, now);
+        let credit = hand_frame(&cfg, 0, FrameType::Ack, 0, &[], &|h| {
+            h.credit = 1 << 20;
+            h.msg_len = 0;
+            h.match_bits = 0;
+        });
+        assert_eq!(b.handle_frame(now, &credit), Ok(()));
+        let mut buf = vec![0u8; 9216];
+        while b.poll_transmit(now, &mut buf).is_some() {}
+        let mut taken = Vec::new();
+        while let Some(i) = b.frame_free.alloc() {
+            taken.push(i);
+        }
+        b.send(now, addr(0), 7, vec![3u8; 100], 0).unwrap();
+        while b.poll_transmit(now, &mut buf).is_some() {}
+        b.frame_free.release(taken.pop().unwrap());
+        assert!(b.may_transmit());
+        let t = b.poll_transmit(now, &mut buf).expect("the message");
+        assert_eq!(t.payload.map(|p| p.len), Some(100));
+        let f = crate::wire::Frame::new_unchecked(&buf[..t.header_len]);
+        assert_eq!(f.frame_type_raw(), FrameType::Eager as u8);
     }
 
     /// PULL_DATA is taken only for what a PULL that left asked for. Data

@@ -101,6 +101,8 @@ pub(crate) struct Peer {
     pub(crate) hello_now: bool,
     pub(crate) ping_now: bool,
     pub(crate) in_ready: bool,
+    /// In `Core::starved_peers`: it had a frame to send and the table none.
+    pub(crate) frame_starved: bool,
     /// Its timers may have moved since its deadline was last put in the core's deadline
     /// tree (see [`Core::touch`]).
     pub(crate) deadline_dirty: Cell<bool>,
@@ -157,6 +159,7 @@ impl Peer {
             hello_now: false,
             ping_now: false,
             in_ready: false,
+            frame_starved: false,
             deadline_dirty: Cell::new(false),
             msgs_turn: false,
             stats: PeerStats::default(),

@@ -137,10 +137,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
     }
 
-    /// Whether some PULL or NOTIFY waits for a frame of the table.
+    /// Whether some PULL, NOTIFY or peer's new frame waits for a frame of the
+    /// table.
     #[inline]
     pub(crate) fn starving(&self) -> bool {
-        !self.starved_pulls.is_empty() || !self.starved_notifies.is_empty()
+        !self.starved_pulls.is_empty()
+            || !self.starved_notifies.is_empty()
+            || !self.starved_peers.is_empty()
     }
 
     /// Whether [`feed_starved`](Self::feed_starved) has work it can do now.
@@ -150,8 +153,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     }
 
     /// Gives free frames to the NOTIFYs and then the pulls that found the
-    /// table full, oldest first.
+    /// table full, oldest first, and puts the peers that found it full back
+    /// on the transmit queue.
     pub(crate) fn feed_starved(&mut self) {
+        while let Some(p) = self.starved_peers.pop_front() {
+            self.peers[p as usize].frame_starved = false;
+            self.mark_ready(p);
+        }
         while let Some(&(p, msg_id)) = self.starved_notifies.front() {
             let Some(i) = self.frame_free.alloc() else {
                 return;
