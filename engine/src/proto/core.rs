@@ -412,6 +412,9 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     /// Payloads shorter than this are copied into the frame buffer behind the
     /// headers (see [`set_copy_below`](Self::set_copy_below)).
     pub(crate) copy_below: usize,
+    /// Closing ([`begin_close`](Self::begin_close)): no new request, no new
+    /// message from a peer.
+    pub(crate) closing: bool,
     /// Closed for good ([`close`](Self::close)).
     pub(crate) closed: bool,
 }
@@ -540,7 +543,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             frame_free: FreeList::new(n_frames),
             frame_links: Links::new(n_frames),
             starved_pulls: List::default(),
-            starved_notifies: VecDeque::new(),
+            // (bounded by the envelopes: see `queue_notify`; its pages are
+            // touched only as NOTIFYs wait)
+            starved_notifies: VecDeque::with_capacity(n_msgs),
             starved_peers: VecDeque::with_capacity(cfg.max_peers),
             lend_base: None,
             streamed: false,
@@ -548,6 +553,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             copy_below: 0,
             lent: None,
             completions: VecDeque::with_capacity(cfg.max_sends + cfg.max_recvs),
+            closing: false,
             closed: false,
             stats: CoreStats::default(),
             cfg,
@@ -630,7 +636,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let Some(pe) = self.peers.get_mut(p as usize) else {
             return false;
         };
-        if !pe.dead {
+        if !pe.dead || self.closing {
             return false;
         }
         pe.dead = false;
@@ -721,7 +727,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         buf: S,
         ctx: u64,
     ) -> Result<RequestId, Rejected<SendError, S>> {
-        if self.closed {
+        if self.closing {
             return Err(Rejected {
                 error: SendError::Closed,
                 buf,
@@ -818,7 +824,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         mut buf: R,
         ctx: u64,
     ) -> Result<RequestId, Rejected<RecvError, R>> {
-        if self.closed {
+        if self.closing {
             return Err(Rejected {
                 error: RecvError::Closed,
                 buf,
@@ -941,7 +947,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// [`outstanding`](Self::outstanding) is zero and no frame that
     /// [`poll_transmit`](Self::poll_transmit) writes refers to an aborted send (it may
     /// still write control frames: acks, pulls in flight, notifies). Peers stay known and
-    /// their sessions go on, so the core takes new requests afterwards. Unexpected
+    /// their sessions go on, so the core takes new requests afterwards (unless
+    /// it is closing: [`begin_close`](Self::begin_close)). Unexpected
     /// messages are not requests: they stay for later receives.
     ///
     /// What the peers see, since the wire has no frame that withdraws a message:
@@ -994,19 +1001,48 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         debug_assert_eq!(self.outstanding(), 0);
     }
 
-    /// Closes the core for good, as if its endpoint had ended: every request
-    /// is aborted ([`abort_all`](Self::abort_all)), and from now on every
-    /// frame is dropped unanswered (counted as [`DropReason::NotForUs`]),
-    /// nothing is sent, no timer runs, and new requests are refused
-    /// ([`SendError::Closed`], [`RecvError::Closed`]). Its peers' sends to it
-    /// end as they would if its process had gone: they fail with
-    /// [`RequestError::PeerUnreachable`] once the peer gives it up, instead of
-    /// being acknowledged into an unexpected store nobody reads.
-    ///
-    /// Let the last acknowledgements leave first (drive the core a moment after
-    /// the aborts): the frames queued when it closes are dropped with it.
-    pub fn close(&mut self, now: Time) {
+    /// Starts closing the core, as its endpoint ends: every request is aborted
+    /// ([`abort_all`](Self::abort_all)), new requests are refused
+    /// ([`SendError::Closed`], [`RecvError::Closed`]), and so is every frame
+    /// that starts or carries a message (EAGER, PACK, RTS), unacknowledged and
+    /// counted as [`DropReason::NotForUs`]. The rest goes on: acknowledgements
+    /// (of frames that came again too), the NOTIFYs of aborted receives, data
+    /// pulled from us. Drive the core until it [`owes_nothing`](Self::owes_nothing)
+    /// (and a moment more, for a peer whose acknowledgement was lost), then
+    /// [`close`](Self::close) it.
+    pub fn begin_close(&mut self, now: Time) {
         self.abort_all(now);
+        self.closing = true;
+    }
+
+    /// Whether the core owes its peers nothing: no acknowledgement due, no
+    /// frame of ours unacknowledged or waiting to leave, no greeting owed.
+    /// Costs a pass over the peers.
+    pub fn owes_nothing(&self) -> bool {
+        !self.starving()
+            && self.peers.iter().all(|p| {
+                p.inflight.is_empty()
+                    && p.ctrl.is_empty()
+                    && p.pulls.is_empty()
+                    && p.cursor == NIL
+                    && p.ack_at == Time::NEVER
+                    && !p.ack_now
+                    && !p.hello_now
+                    && !p.ping_now
+            })
+    }
+
+    /// Closes the core for good, as if its endpoint had ended (after
+    /// [`begin_close`](Self::begin_close), which it implies): from now on
+    /// every frame is dropped unanswered (counted as
+    /// [`DropReason::NotForUs`]), nothing is sent, no timer runs, and new
+    /// requests are refused. Its peers' sends to it end as they would if its
+    /// process had gone: they fail with [`RequestError::PeerUnreachable`] once
+    /// the peer gives it up, instead of being acknowledged into an unexpected
+    /// store nobody reads. What it still owed (see
+    /// [`owes_nothing`](Self::owes_nothing)) is dropped with it.
+    pub fn close(&mut self, now: Time) {
+        self.begin_close(now);
         self.closed = true;
         self.fence_streaming();
         while let Some(p) = self.ready.pop_front() {
@@ -1019,7 +1055,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         debug_assert!(self.starved_pulls.is_empty(), "aborted receives left it");
     }
 
-    /// Whether [`close`](Self::close) was called.
+    /// Whether [`close`](Self::close) was called (not merely
+    /// [`begin_close`](Self::begin_close)).
     pub fn is_closed(&self) -> bool {
         self.closed
     }
@@ -1562,6 +1599,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         payload: &[u8],
     ) -> Result<(), DropReason> {
         match ft {
+            // Closing: no new message is taken (see `begin_close`).
+            FrameType::Eager | FrameType::Pack | FrameType::Rts if self.closing => {
+                Err(DropReason::NotForUs)
+            }
             FrameType::Eager => self.check_eager(p, h),
             FrameType::Pack => self.check_pack(p, h, payload),
             FrameType::Rts => self.check_rts(p, h),
@@ -2295,10 +2336,17 @@ mod tests {
         let now = Time::from_micros(10);
         let mut b = greeted_b(&cfg, now);
         let eager = hand_frame(&cfg, 0, FrameType::Eager, 0, &[1; 8], &|h| h.msg_len = 8);
+        let r = b.post_recv(now, None, 9, !0, vec![0u8; 8], 0).unwrap();
         b.close(now);
         assert!(b.is_closed());
+        assert!(
+            matches!(b.poll_completion(), Some(Completion::Recv(d)) if d.req == r && d.result == Err(RequestError::Aborted)),
+            "what it held is aborted"
+        );
         assert_eq!(b.handle_frame(now, &eager), Err(DropReason::NotForUs));
         assert_eq!(b.poll_timeout(), None);
+        b.handle_timeout(now + Duration::from_secs(100));
+        assert!(!b.may_transmit(), "no timer ran");
         assert!(!b.may_transmit());
         assert!(b.poll_transmit(now, &mut [0u8; 9216]).is_none());
         let e = b.post_recv(now, None, 7, !0, vec![0u8; 8], 0).unwrap_err();
@@ -2306,6 +2354,44 @@ mod tests {
         let e = b.send(now, addr(0), 7, vec![0u8; 8], 0).unwrap_err();
         assert_eq!(e.error, SendError::Closed);
         assert_eq!(b.stats().dropped.get(DropReason::NotForUs), 1);
+    }
+
+    /// A closing core takes no new message (unacknowledged, the sender
+    /// keeps it) but acknowledges what it took, a frame that comes again
+    /// included, and says when it owes nothing more.
+    #[test]
+    fn a_closing_core_takes_no_new_message_and_acknowledges_the_rest() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        let mut b = greeted_b(&cfg, now);
+        let eager = |seq: u32| {
+            hand_frame(&cfg, 0, FrameType::Eager, seq, &[1; 8], &move |h| {
+                h.msg_len = 8;
+                h.msg_id = seq;
+            })
+        };
+        let mut buf = vec![0u8; 9216];
+        while b.poll_transmit(now, &mut buf).is_some() {}
+        assert_eq!(b.handle_frame(now, &eager(0)), Ok(()));
+        b.begin_close(now);
+        assert!(!b.is_closed());
+        assert!(!b.owes_nothing(), "the acknowledgement of message 0");
+        assert_eq!(b.handle_frame(now, &eager(1)), Err(DropReason::NotForUs));
+        assert_eq!(b.handle_frame(now, &eager(0)), Ok(()), "a duplicate");
+        let e = b.send(now, addr(0), 7, vec![0u8; 8], 0).unwrap_err();
+        assert_eq!(e.error, SendError::Closed);
+        // The acknowledgement leaves (now, or with the delayed-ack timer).
+        let later = now + cfg.ack_delay;
+        if b.poll_timeout().is_some_and(|t| t <= later) {
+            b.handle_timeout(later);
+        }
+        let mut acked = None;
+        while let Some(t) = b.poll_transmit(later, &mut buf) {
+            let f = crate::wire::Frame::new_checked(&buf[..t.header_len]).unwrap();
+            acked = Some(Header::parse(&f, cfg.ethertype, false).unwrap().ack);
+        }
+        assert_eq!(acked, Some(1), "frame 0 acknowledged, frame 1 not");
+        assert!(b.owes_nothing());
     }
 
     /// A rendezvous receive bound while the frame table is full (NOTIFYs
@@ -2355,6 +2441,59 @@ mod tests {
         assert!(sent.contains(&(FrameType::Pull, 1)), "sent {sent:?}");
         assert!(!b.starving());
         assert_eq!(b.handle_frame(now, &rts(2)), Ok(()));
+    }
+
+    /// Work waiting for frames goes with what it was for: a receive aborted
+    /// leaves the pull list, and a peer that restarts takes its NOTIFYs
+    /// (the new session's message ids are not the old ones).
+    #[test]
+    fn waiting_work_goes_with_its_receive_and_its_session() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        let mut b = greeted_b(&cfg, now);
+        let rts = |id: u32| hand_frame(&cfg, 0, FrameType::Rts, id, &[], &move |h| h.msg_id = id);
+        for id in 0..2 {
+            assert_eq!(b.handle_frame(now, &rts(id)), Ok(()));
+        }
+        let mut taken = Vec::new();
+        while let Some(i) = b.frame_free.alloc() {
+            taken.push(i);
+        }
+        b.post_recv(now, Some(addr(0)), 7, !0, Vec::new(), 0)
+            .unwrap();
+        let r = b
+            .post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
+            .unwrap();
+        assert!(!b.starved_pulls.is_empty() && !b.starved_notifies.is_empty());
+        b.abort_all(now);
+        assert!(b.starved_pulls.is_empty(), "the aborted receive left");
+        let mut aborted = false;
+        while let Some(c) = b.poll_completion() {
+            aborted |= matches!(c, Completion::Recv(d) if d.req == r && d.result == Err(RequestError::Aborted));
+        }
+        assert!(aborted);
+        // Its NOTIFY and the truncated one wait; A restarts (a later epoch).
+        assert_eq!(b.starved_notifies.len(), 2);
+        let hello = hand_frame(&cfg, 0, FrameType::Hello, 0, &[], &|h| {
+            h.src_epoch = 6;
+            h.dst_epoch = 0;
+            h.msg_len = 0;
+            h.match_bits = 0;
+        });
+        assert_eq!(b.handle_frame(now, &hello), Ok(()));
+        assert!(
+            b.starved_notifies.is_empty(),
+            "the old session's NOTIFYs went"
+        );
+        for i in taken {
+            b.frame_free.release(i);
+        }
+        let mut buf = vec![0u8; 9216];
+        while let Some(t) = b.poll_transmit(now, &mut buf) {
+            let f = crate::wire::Frame::new_checked(&buf[..t.header_len]).unwrap();
+            let h = Header::parse(&f, cfg.ethertype, false).unwrap();
+            assert_ne!(h.frame_type, FrameType::Notify);
+        }
     }
 
     /// A message that finds the frame table full leaves once frames are

@@ -297,6 +297,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             peer.rtt
                 .sample(now - sample_from, self.cfg.rto_min, self.cfg.rto_max);
         }
+        if progress && self.may_feed() {
+            // Frames just freed go to the work that waits for them now, so
+            // that the rest of this burst sees the table as it is (an RTS is
+            // refused while NOTIFYs or pulls wait).
+            self.feed_starved();
+        }
+        let peer = &mut self.peers[p as usize];
         if progress {
             peer.progress_at = now;
             peer.rtt.reset_backoff();

@@ -42,12 +42,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         // Room for this message's pulls and its NOTIFY. The frame table is
         // sized for them, but a NOTIFY outlives its receive (it waits for the
         // peer's window): refused here, unacknowledged, the RTS comes again
-        // later, where a NOTIFY that found no frame would be lost for good.
-        // Nor while work that found the table full waits for frames: that
-        // bounds the NOTIFYs waiting by the envelopes there were.
+        // later, where a NOTIFY or pulls that found no frame would have to
+        // wait for one. Nor while such NOTIFYs or pulls wait: that bounds the
+        // NOTIFYs waiting by the envelopes there were.
         if self.msg_free.available() == 0
             || self.frame_free.available() < self.cfg.pull_inflight as usize + 1 + FRAME_RESERVE
-            || self.starving()
+            || !self.starved_pulls.is_empty()
+            || !self.starved_notifies.is_empty()
         {
             return Err(DropReason::Resources);
         }
@@ -152,9 +153,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         self.starving() && self.frame_free.available() > 0
     }
 
-    /// Gives free frames to the NOTIFYs and then the pulls that found the
-    /// table full, oldest first, and puts the peers that found it full back
-    /// on the transmit queue.
+    /// Puts the peers whose new frame found the table full back on the
+    /// transmit queue, then gives free frames to the NOTIFYs and the pulls
+    /// that found it full, oldest first.
     pub(crate) fn feed_starved(&mut self) {
         while let Some(p) = self.starved_peers.pop_front() {
             self.peers[p as usize].frame_starved = false;

@@ -366,9 +366,10 @@ enum Cmd {
         addr: Addr,
     },
     /// The endpoint is gone (closed or dropped): abort every outstanding
-    /// request, and after a moment for the last acknowledgements to leave,
-    /// close its core ([`Core::close`]), which then drops every frame
-    /// unanswered, as if the endpoint's process had ended.
+    /// request and take no new message ([`Core::begin_close`]); once the core
+    /// has owed its peers nothing for `LINGER` (at most `CLOSE_MAX`), close
+    /// it ([`Core::close`]): it then drops every frame unanswered, as if the
+    /// endpoint's process had ended.
     Close,
     /// How many of this endpoint's requests are under way
     /// ([`Core::in_progress`]).
@@ -616,6 +617,10 @@ impl Shared {
 /// How long an inline endpoint being closed keeps driving after its engine
 /// fell idle: well past the delayed-acknowledgement timer (20 us by default).
 const LINGER: Duration = Duration::from_millis(5);
+
+/// How long a polling thread's endpoint being closed may keep its core
+/// answering for what it owes its peers (see `Cmd::Close`).
+const CLOSE_MAX: Duration = Duration::from_secs(1);
 
 /// What closing an endpoint found.
 #[derive(Debug, Default)]
@@ -960,8 +965,9 @@ fn poll_thread(
     let mut backoff = Backoff::new(spin);
     // Stopping: since when nothing has been under way, nor sent or received.
     let mut quiet_since: Option<Instant> = None;
-    // Endpoints gone (`Cmd::Close`): since when, until their cores close.
-    let mut closing: Vec<Option<Instant>> = vec![None; n_eps];
+    // Endpoints gone (`Cmd::Close`), until their cores close: since when,
+    // and since when their cores have owed nothing.
+    let mut closing: Vec<Option<(Instant, Option<Instant>)>> = vec![None; n_eps];
     let mut n_closing = 0;
     loop {
         let now = clock.now();
@@ -1030,9 +1036,10 @@ fn poll_thread(
                         backlog[ep].push_back(Event::Reconnect(reconnect(core, now, addr)))
                     }
                     Cmd::Close => {
-                        core.abort_all(now);
-                        closing[ep] = Some(Instant::now());
-                        n_closing += 1;
+                        core.begin_close(now);
+                        if closing[ep].replace((Instant::now(), None)).is_none() {
+                            n_closing += 1;
+                        }
                     }
                 }
             }
@@ -1041,10 +1048,24 @@ fn poll_thread(
             file_completion(&mut ids, &mut backlog, ep, c);
         });
         if n_closing != 0 {
-            for (ep, since) in closing.iter_mut().enumerate() {
-                if since.is_some_and(|t| t.elapsed() >= LINGER) {
-                    driver.core(ep).close(now);
-                    *since = None;
+            for (ep, state) in closing.iter_mut().enumerate() {
+                let Some((since, settled)) = state else {
+                    continue;
+                };
+                // Closed once it has owed its peers nothing for a moment (its
+                // last acknowledgements, the NOTIFYs of its aborted receives,
+                // and an answer to a peer whose acknowledgement was lost), or
+                // after CLOSE_MAX whatever it owes (a peer that went away).
+                let core = driver.core(ep);
+                let settled = if core.owes_nothing() {
+                    *settled.get_or_insert_with(Instant::now)
+                } else {
+                    *settled = None;
+                    Instant::now()
+                };
+                if settled.elapsed() >= LINGER || since.elapsed() >= CLOSE_MAX {
+                    core.close(now);
+                    *state = None;
                     n_closing -= 1;
                 }
             }
@@ -1223,16 +1244,8 @@ impl Drop for Endpoint {
     /// shutdown waiting for them). Its core then closes as with `close`.
     /// Inline, they go with the endpoint's core.
     fn drop(&mut self) {
-        if self.closed
-            || !matches!(self.mode, Mode::Thread)
-            || self.shared.state.load(Ordering::Acquire) != RUNNING
-        {
-            return;
-        }
-        let t = Instant::now();
-        while self.push_cmd(Cmd::Close).is_err() && t.elapsed() < Duration::from_secs(1) {
-            // The ring is full: make room by taking events.
-            self.progress();
+        if !self.closed {
+            self.send_close();
         }
     }
 }
@@ -1258,6 +1271,29 @@ impl Endpoint {
         self.shared.eps[self.ep].cmds.push(cmd)?;
         self.shared.kick();
         Ok(())
+    }
+
+    /// Tells a polling thread this endpoint is gone (`Cmd::Close`): it
+    /// aborts what the core holds and closes the core. Not when the thread
+    /// has stopped (or died): nothing would read it.
+    fn send_close(&mut self) {
+        if !matches!(self.mode, Mode::Thread)
+            || self.shared.state.load(Ordering::Acquire) == STOPPED
+        {
+            return;
+        }
+        let t = Instant::now();
+        while self.push_cmd(Cmd::Close).is_err() {
+            if t.elapsed() >= Duration::from_secs(1)
+                || self.shared.state.load(Ordering::Acquire) == STOPPED
+            {
+                return;
+            }
+            // The ring is full: make room by taking events.
+            if !self.progress() {
+                std::thread::yield_now();
+            }
+        }
     }
 
     fn running(&self) -> bool {
@@ -1814,9 +1850,12 @@ impl Endpoint {
     /// the rest (receives still waiting for a message among them) are aborted
     /// (they complete with [`Error::ShutDown`]). Every completion, with its buffer,
     /// is in the report. Then the endpoint is gone to its peers, as if its
-    /// process had ended: on a polling thread, its core goes on a few
-    /// milliseconds for the last acknowledgements and then answers nothing
-    /// ([`Core::close`]), so a peer's sends to it fail
+    /// process had ended: its core takes no new message
+    /// ([`Core::begin_close`]) and goes on only until it has owed its peers
+    /// nothing for a moment (acknowledgements, the NOTIFYs of aborted
+    /// receives; at most a second), which an inline close waits for; a
+    /// polling thread's core then answers nothing ([`Core::close`]). A peer's
+    /// sends to it fail
     /// ([`RequestError::PeerUnreachable`](crate::proto::RequestError)) once the
     /// peer gives it up. Other endpoints of the engine are not affected; the
     /// link closes when the engine and its endpoints are gone.
@@ -1853,20 +1892,14 @@ impl Endpoint {
                 self.idle(&mut spins);
             }
         }
-        // A polling thread's core is closed (after aborting what is left),
-        // so that its peers find the endpoint gone.
-        // (A stopping engine aborts everything itself.)
-        if matches!(self.mode, Mode::Thread) && self.shared.state.load(Ordering::Acquire) == RUNNING
-        {
-            let t = Instant::now();
-            while self.push_cmd(Cmd::Close).is_err() && t.elapsed() < Duration::from_secs(1) {
-                self.progress();
-            }
+        // The core stops taking messages and aborts what is left; a polling
+        // thread's closes once it owes its peers nothing, so that they find
+        // the endpoint gone (see `Cmd::Close`).
+        self.send_close();
+        if let Mode::Inline(d) = &mut self.mode {
+            d.core(0).begin_close(self.clock.now());
         }
         if !drained(&self.requests) && !died(&self.shared) {
-            if let Mode::Inline(d) = &mut self.mode {
-                d.core(0).abort_all(self.clock.now());
-            }
             // Aborted requests complete at once (inline) or within a round of
             // the polling thread; bounded in case the thread is gone.
             let t = Instant::now();
@@ -1876,18 +1909,27 @@ impl Endpoint {
                 }
             }
         }
-        // Linger until the engine has been idle a moment: an inline engine
-        // acts only while driven, and its last acknowledgements (delayed to be
-        // coalesced) or answers to a peer's late retransmissions would
-        // otherwise never leave, and the peer would end up declaring this
-        // endpoint unreachable with its last sends unfinished.
+        // Linger until the core has owed its peers nothing for a moment: an
+        // inline engine acts only while driven, and its last acknowledgements
+        // (delayed to be coalesced), the NOTIFYs of its aborted receives, or
+        // answers to a peer's late retransmissions would otherwise never
+        // leave, and the peer would end up declaring this endpoint
+        // unreachable with its last sends unfinished. (Its new messages are
+        // refused meanwhile, so they are not counted as activity.) Within the
+        // deadline, and at most CLOSE_MAX for a peer that went away.
         if let Mode::Inline(_) = self.mode {
-            let mut quiet_since = Instant::now();
-            let stop = until.max(quiet_since + LINGER);
+            let start = Instant::now();
+            let stop = until.min(start + CLOSE_MAX).max(start + LINGER);
+            let mut settled: Option<Instant> = None;
             while Instant::now() < stop {
-                if self.progress() {
-                    quiet_since = Instant::now();
-                } else if quiet_since.elapsed() >= LINGER {
+                self.progress();
+                let owes = match &mut self.mode {
+                    Mode::Inline(d) => !d.core(0).owes_nothing(),
+                    Mode::Thread => false,
+                };
+                if owes {
+                    settled = None;
+                } else if settled.get_or_insert_with(Instant::now).elapsed() >= LINGER {
                     break;
                 }
             }
