@@ -1016,10 +1016,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     }
 
     /// Whether the core owes its peers nothing: no acknowledgement due, no
-    /// frame of ours unacknowledged or waiting to leave, no greeting owed.
-    /// Costs a pass over the peers.
+    /// frame of ours unacknowledged or waiting to leave, no greeting owed
+    /// (or it is closed: it gave up what it owed). Costs a pass over the peers.
     pub fn owes_nothing(&self) -> bool {
-        !self.starving()
+        self.closed
+            || !self.starving()
             && self.peers.iter().all(|p| {
                 p.inflight.is_empty()
                     && p.ctrl.is_empty()

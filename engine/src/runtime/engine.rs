@@ -53,7 +53,9 @@ use crossbeam_queue::ArrayQueue;
 use serde::Deserialize;
 
 use crate::io::{IoStats, PacketIo};
-use crate::proto::{Addr, Completion, Core, CoreConfig, MacAddr, PeerStats, ProbeInfo};
+use crate::proto::{
+    Addr, Completion, Core, CoreConfig, MacAddr, PeerStats, ProbeInfo, RecvError, SendError,
+};
 
 use super::buffer::{RecvBuf, SendBuf};
 use super::driver::{Clock, Driver, Progress, BURST};
@@ -963,7 +965,9 @@ fn poll_thread(
     // What each endpoint's `backlogged` flag says (written only on change).
     let mut backlogged = vec![false; n_eps];
     let mut backoff = Backoff::new(spin);
-    // Stopping: since when nothing has been under way, nor sent or received.
+    // Stopping: whether the cores were told to close (once nothing was under
+    // way), and since when they have owed their peers nothing.
+    let mut cores_closing = false;
     let mut quiet_since: Option<Instant> = None;
     // Endpoints gone (`Cmd::Close`), until their cores close: since when,
     // and since when their cores have owed nothing.
@@ -989,7 +993,11 @@ fn poll_thread(
                             req,
                             c: Completed {
                                 buf: Buf::Send(r.buf),
-                                result: Err(Error::Send(r.error)),
+                                // (a core closing as the engine stops)
+                                result: Err(match r.error {
+                                    SendError::Closed => Error::ShutDown,
+                                    e => Error::Send(e),
+                                }),
                             },
                         }),
                     },
@@ -1005,7 +1013,10 @@ fn poll_thread(
                             req,
                             c: Completed {
                                 buf: Buf::Recv(r.buf),
-                                result: Err(Error::Recv(r.error)),
+                                result: Err(match r.error {
+                                    RecvError::Closed => Error::ShutDown,
+                                    e => Error::Recv(e),
+                                }),
                             },
                         }),
                     },
@@ -1102,13 +1113,19 @@ fn poll_thread(
                 .unwrap_or_else(Instant::now);
             // Sends, and receives whose messages are arriving, may finish;
             // receives still waiting for a message end then (one that stands
-            // for good would hold every stop for its whole deadline). And a
-            // moment of quiet first (as an inline close lingers): the
-            // acknowledgements of the last messages received wait to be
-            // coalesced, and a peer that never got them would fail sends
-            // that arrived.
-            let under_way = (0..n_eps).any(|ep| driver.core(ep).in_progress() != 0);
-            if under_way || !p.idle() {
+            // for good would hold every stop for its whole deadline): the
+            // cores then take no new message (`Core::begin_close`) and go on
+            // for a moment after they owe their peers nothing (as an inline
+            // close lingers): the acknowledgements of the last messages
+            // received wait to be coalesced, and a peer that never got them
+            // would fail sends that arrived.
+            if !cores_closing && (0..n_eps).all(|ep| driver.core(ep).in_progress() == 0) {
+                for ep in 0..n_eps {
+                    driver.core(ep).begin_close(now);
+                }
+                cores_closing = true;
+            }
+            if !cores_closing || !(0..n_eps).all(|ep| driver.core(ep).owes_nothing()) {
                 quiet_since = None;
             }
             let quiet = quiet_since.get_or_insert_with(Instant::now).elapsed() >= LINGER;
