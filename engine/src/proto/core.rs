@@ -1021,16 +1021,16 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     pub fn owes_nothing(&self) -> bool {
         self.closed
             || !self.starving()
-            && self.peers.iter().all(|p| {
-                p.inflight.is_empty()
-                    && p.ctrl.is_empty()
-                    && p.pulls.is_empty()
-                    && p.cursor == NIL
-                    && p.ack_at == Time::NEVER
-                    && !p.ack_now
-                    && !p.hello_now
-                    && !p.ping_now
-            })
+                && self.peers.iter().all(|p| {
+                    p.inflight.is_empty()
+                        && p.ctrl.is_empty()
+                        && p.pulls.is_empty()
+                        && p.cursor == NIL
+                        && p.ack_at == Time::NEVER
+                        && !p.ack_now
+                        && !p.hello_now
+                        && !p.ping_now
+                })
     }
 
     /// Closes the core for good, as if its endpoint had ended (after
@@ -1498,7 +1498,19 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 return Err(DropReason::OutOfWindow);
             }
             if a != Accept::Duplicate {
-                self.check_reliable(p, ft, h, payload)?;
+                if let Err(e) = self.check_reliable(p, ft, h, payload) {
+                    // Refused for want of room, or because this core is
+                    // closing: a good frame of this session, only not taken
+                    // (unacknowledged, it comes again). What it says of our
+                    // frames still counts: a peer streaming to a closing core
+                    // acknowledges its last frames (NOTIFYs) on frames it
+                    // refuses.
+                    if ours && matches!(e, DropReason::Resources | DropReason::NotForUs) {
+                        self.peers[p as usize].last_heard = now;
+                        self.on_ack(now, p, h);
+                    }
+                    return Err(e);
+                }
             }
             accept = Some(a);
         }
@@ -2393,6 +2405,35 @@ mod tests {
         }
         assert_eq!(acked, Some(1), "frame 0 acknowledged, frame 1 not");
         assert!(b.owes_nothing());
+    }
+
+    /// A frame a closing core refuses still acknowledges the core's own
+    /// frames: a peer streaming to it acknowledges its NOTIFYs on nothing else.
+    #[test]
+    fn a_closing_core_takes_the_acks_of_frames_it_refuses() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        let mut b = greeted_b(&cfg, now);
+        let mut buf = vec![0u8; 9216];
+        let rts = hand_frame(&cfg, 0, FrameType::Rts, 0, &[], &|_| {});
+        assert_eq!(b.handle_frame(now, &rts), Ok(()));
+        b.post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
+            .unwrap();
+        // Its PULLs leave, then the close aborts the receive: its NOTIFY too.
+        while b.poll_transmit(now, &mut buf).is_some() {}
+        b.begin_close(now);
+        while b.poll_transmit(now, &mut buf).is_some() {}
+        let sent = b.peer_info(PeerId(0)).unwrap().snd_next;
+        assert!(sent >= 2, "PULLs and the NOTIFY left");
+        assert!(!b.owes_nothing(), "its frames are unacknowledged");
+        // A's next message, refused, acknowledges them all.
+        let eager = hand_frame(&cfg, 0, FrameType::Eager, 1, &[1; 8], &move |h| {
+            h.msg_len = 8;
+            h.msg_id = 1;
+            h.ack = sent;
+        });
+        assert_eq!(b.handle_frame(now, &eager), Err(DropReason::NotForUs));
+        assert_eq!(b.peer_info(PeerId(0)).unwrap().in_flight, 0);
     }
 
     /// A rendezvous receive bound while the frame table is full (NOTIFYs
