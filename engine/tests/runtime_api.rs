@@ -542,8 +542,10 @@ fn a_closed_endpoint_acknowledges_what_it_received() {
         let (ma, mb) = (ia.mac(), ib.mac());
         let mut ca = cfg(1, (2, mb), mode.clone());
         let mut cb = cfg(2, (1, ma), mode.clone());
-        // No retransmission before the delayed acknowledgement would leave.
+        // No retransmission before the delayed acknowledgement would leave,
+        // and no peer given up on a slow machine.
         for c in [&mut ca, &mut cb] {
+            c.protocol.peer_timeout_us = Some(5_000_000);
             c.protocol.rto_initial_us = Some(100_000);
             c.protocol.rto_min_us = Some(100_000);
             c.protocol.ack_delay_us = Some(30_000);

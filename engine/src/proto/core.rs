@@ -1004,10 +1004,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Starts closing the core, as its endpoint ends: every request is aborted
     /// ([`abort_all`](Self::abort_all)), new requests are refused
     /// ([`SendError::Closed`], [`RecvError::Closed`]), and so is every frame
-    /// that starts or carries a message (EAGER, PACK, RTS), unacknowledged and
-    /// counted as [`DropReason::NotForUs`]. The rest goes on: acknowledgements
-    /// (of frames that came again too), the NOTIFYs of aborted receives, data
-    /// pulled from us. Drive the core until it [`owes_nothing`](Self::owes_nothing)
+    /// that starts a message (EAGER, PACK, RTS), unacknowledged and counted as
+    /// [`DropReason::NotForUs`]. The rest goes on: the fragments of messages
+    /// that were arriving, acknowledgements (of frames that came again too),
+    /// the NOTIFYs of aborted receives, data pulled from us. Drive the core until it [`owes_nothing`](Self::owes_nothing)
     /// (and a moment more, for a peer whose acknowledgement was lost), then
     /// [`close`](Self::close) it.
     pub fn begin_close(&mut self, now: Time) {
@@ -1612,10 +1612,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         payload: &[u8],
     ) -> Result<(), DropReason> {
         match ft {
-            // Closing: no new message is taken (see `begin_close`).
-            FrameType::Eager | FrameType::Pack | FrameType::Rts if self.closing => {
-                Err(DropReason::NotForUs)
-            }
+            // Closing: no new message is taken (see `begin_close`; an EAGER
+            // frame that continues a message is, in `check_eager`).
+            FrameType::Pack | FrameType::Rts if self.closing => Err(DropReason::NotForUs),
             FrameType::Eager => self.check_eager(p, h),
             FrameType::Pack => self.check_pack(p, h, payload),
             FrameType::Rts => self.check_rts(p, h),
@@ -2377,20 +2376,37 @@ mod tests {
         let cfg = unchecked();
         let now = Time::from_micros(10);
         let mut b = greeted_b(&cfg, now);
-        let eager = |seq: u32| {
-            hand_frame(&cfg, 0, FrameType::Eager, seq, &[1; 8], &move |h| {
-                h.msg_len = 8;
-                h.msg_id = seq;
+        // Frame `seq`: message `id` of `len` bytes, the fragment at `off`.
+        let eager = |seq: u32, id: u32, len: u64, off: u64| {
+            let n = (len - off).min(1000) as usize;
+            hand_frame(&cfg, 0, FrameType::Eager, seq, &vec![1; n], &move |h| {
+                h.msg_len = len;
+                h.msg_id = id;
+                h.frag_offset = off;
             })
         };
         let mut buf = vec![0u8; 9216];
         while b.poll_transmit(now, &mut buf).is_some() {}
-        assert_eq!(b.handle_frame(now, &eager(0)), Ok(()));
+        assert_eq!(b.handle_frame(now, &eager(0, 0, 8, 0)), Ok(()));
+        assert_eq!(b.handle_frame(now, &eager(1, 1, 2000, 0)), Ok(()));
         b.begin_close(now);
         assert!(!b.is_closed());
-        assert!(!b.owes_nothing(), "the acknowledgement of message 0");
-        assert_eq!(b.handle_frame(now, &eager(1)), Err(DropReason::NotForUs));
-        assert_eq!(b.handle_frame(now, &eager(0)), Ok(()), "a duplicate");
+        assert!(!b.owes_nothing(), "the acknowledgements of frames 0 and 1");
+        assert_eq!(
+            b.handle_frame(now, &eager(2, 2, 8, 0)),
+            Err(DropReason::NotForUs),
+            "a new message"
+        );
+        assert_eq!(
+            b.handle_frame(now, &eager(3, 1, 2000, 1000)),
+            Ok(()),
+            "the rest of a message that was arriving"
+        );
+        assert_eq!(
+            b.handle_frame(now, &eager(0, 0, 8, 0)),
+            Ok(()),
+            "a duplicate"
+        );
         let e = b.send(now, addr(0), 7, vec![0u8; 8], 0).unwrap_err();
         assert_eq!(e.error, SendError::Closed);
         // The acknowledgement leaves (now, or with the delayed-ack timer).
@@ -2401,9 +2417,10 @@ mod tests {
         let mut acked = None;
         while let Some(t) = b.poll_transmit(later, &mut buf) {
             let f = crate::wire::Frame::new_checked(&buf[..t.header_len]).unwrap();
-            acked = Some(Header::parse(&f, cfg.ethertype, false).unwrap().ack);
+            let h = Header::parse(&f, cfg.ethertype, false).unwrap();
+            acked = Some((h.ack, h.sack));
         }
-        assert_eq!(acked, Some(1), "frame 0 acknowledged, frame 1 not");
+        assert_eq!(acked, Some((2, 1)), "frames 0, 1 and 3 acknowledged, not 2");
         assert!(b.owes_nothing());
     }
 
@@ -2434,6 +2451,8 @@ mod tests {
         });
         assert_eq!(b.handle_frame(now, &eager), Err(DropReason::NotForUs));
         assert_eq!(b.peer_info(PeerId(0)).unwrap().in_flight, 0);
+        while b.poll_transmit(now, &mut buf).is_some() {}
+        assert!(b.owes_nothing());
     }
 
     /// A rendezvous receive bound while the frame table is full (NOTIFYs

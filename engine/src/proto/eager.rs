@@ -132,6 +132,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             }
             return Err(DropReason::Protocol);
         }
+        if self.closing {
+            // No new message (see `Core::begin_close`); the rest of one that
+            // was arriving is still taken, so its sender's send completes.
+            return Err(DropReason::NotForUs);
+        }
         let charge = eager_charge(h.msg_len());
         if peer.held + charge > self.peer_credit {
             // The sender overran its credits.

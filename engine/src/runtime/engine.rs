@@ -965,9 +965,9 @@ fn poll_thread(
     // What each endpoint's `backlogged` flag says (written only on change).
     let mut backlogged = vec![false; n_eps];
     let mut backoff = Backoff::new(spin);
-    // Stopping: whether the cores were told to close (once nothing was under
-    // way), and since when they have owed their peers nothing.
-    let mut cores_closing = false;
+    // Stopping: since when the cores were told to close (once nothing was
+    // under way), and since when they have owed their peers nothing.
+    let mut cores_closing: Option<Instant> = None;
     let mut quiet_since: Option<Instant> = None;
     // Endpoints gone (`Cmd::Close`), until their cores close: since when,
     // and since when their cores have owed nothing.
@@ -1119,16 +1119,19 @@ fn poll_thread(
             // close lingers): the acknowledgements of the last messages
             // received wait to be coalesced, and a peer that never got them
             // would fail sends that arrived.
-            if !cores_closing && (0..n_eps).all(|ep| driver.core(ep).in_progress() == 0) {
+            // (At most CLOSE_MAX for what they owe: a peer that went away
+            // never acknowledges.)
+            if cores_closing.is_none() && (0..n_eps).all(|ep| driver.core(ep).in_progress() == 0) {
                 for ep in 0..n_eps {
                     driver.core(ep).begin_close(now);
                 }
-                cores_closing = true;
+                cores_closing = Some(Instant::now());
             }
-            if !cores_closing || !(0..n_eps).all(|ep| driver.core(ep).owes_nothing()) {
+            if cores_closing.is_none() || !(0..n_eps).all(|ep| driver.core(ep).owes_nothing()) {
                 quiet_since = None;
             }
-            let quiet = quiet_since.get_or_insert_with(Instant::now).elapsed() >= LINGER;
+            let quiet = quiet_since.get_or_insert_with(Instant::now).elapsed() >= LINGER
+                || cores_closing.is_some_and(|t| t.elapsed() >= CLOSE_MAX);
             if quiet || Instant::now() >= until {
                 // What is left is aborted: the cores complete every outstanding
                 // request with its buffer, and each application learns it
@@ -1933,10 +1936,12 @@ impl Endpoint {
         // leave, and the peer would end up declaring this endpoint
         // unreachable with its last sends unfinished. (Its new messages are
         // refused meanwhile, so they are not counted as activity.) Within the
-        // deadline, and at most CLOSE_MAX for a peer that went away.
-        if let Mode::Inline(_) = self.mode {
+        // deadline (but long enough for a delayed acknowledgement), and at
+        // most CLOSE_MAX for a peer that went away.
+        if let Mode::Inline(d) = &mut self.mode {
             let start = Instant::now();
-            let stop = until.min(start + CLOSE_MAX).max(start + LINGER);
+            let ack_delay = d.core(0).config().ack_delay;
+            let stop = until.min(start + CLOSE_MAX).max(start + LINGER + ack_delay);
             let mut settled: Option<Instant> = None;
             while Instant::now() < stop {
                 self.progress();
