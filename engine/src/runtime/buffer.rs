@@ -123,6 +123,14 @@ impl RecvBuffer for RecvBuf {
 }
 
 impl AsMut<[u8]> for RecvBuf {
+    /// The buffer's bytes to write (none for [`RecvBuf::Lending`] and
+    /// [`RecvBuf::Lent`]).
+    ///
+    /// # Panics
+    /// On a registered buffer that is shared (another handle from
+    /// [`ExtBuf::share`] is alive, or a frame still refers to it): check
+    /// [`writable`](RecvBuf::writable) first. A receive is posted only with a
+    /// writable buffer, and hands back the only handle.
     #[inline]
     fn as_mut(&mut self) -> &mut [u8] {
         match self {
