@@ -383,12 +383,12 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     pub(crate) frame_links: Links,
     /// Bound rendezvous receives that found the frame table full with no pull
     /// in flight (over `recv_links`): nothing else would pull for them again.
-    /// [`poll_transmit`](Self::poll_transmit) issues their pulls once frames
-    /// are free.
+    /// [`poll_transmit`](Self::poll_transmit), or an acknowledgement that
+    /// frees frames, issues their pulls.
     pub(crate) starved_pulls: List,
     /// NOTIFYs (peer, message id) that found the frame table full, queued the
-    /// same way. While any work starves, RTSes are refused, so this holds at
-    /// most one NOTIFY per rendezvous envelope there was when it began.
+    /// same way. While NOTIFYs or pulls wait, RTSes are refused, so this holds
+    /// at most one NOTIFY per rendezvous envelope there was when it began.
     pub(crate) starved_notifies: VecDeque<(u16, u32)>,
     /// Peers whose window had room for a new frame when the table had none
     /// (each once): put back on the transmit queue once frames are free, as
