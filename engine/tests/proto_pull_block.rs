@@ -146,3 +146,94 @@ fn eager_messages_of_many_fragments_through_loss() {
         "no fragment came too far ahead: the test tests nothing"
     );
 }
+
+/// NOTIFYs waiting for a closed window fill the frame table: a receiver that
+/// binds many announced messages to zero-length receives while its peer is
+/// off its CPU. The NOTIFYs and pulls that then find no frame wait for one,
+/// and every send and receive completes once the peer is back. (They used to
+/// be dropped: those sends, and receives with no pull in flight, never
+/// completed.)
+#[test]
+fn notifies_and_pulls_that_find_the_frame_table_full_wait_for_frames() {
+    const N: u64 = 120;
+    const FULL: u64 = 10;
+    const LEN: usize = 100;
+    let cfg = CoreConfig {
+        max_peers: 2,
+        max_recvs: 2,
+        max_sends: 256,
+        window: 4,
+        pull_inflight: 1,
+        eager_threshold: 64,
+        ..CoreConfig::default()
+    };
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    // The table holds 2 windows, 2 receives' pulls and NOTIFYs, and 64 more.
+    let now = sim.now();
+    for k in 0..N {
+        sim.core(0)
+            .send(now, addr(1), k, pattern(k, LEN), k)
+            .unwrap();
+    }
+    let deadline = now + std::time::Duration::from_secs(1);
+    assert!(
+        sim.run_until(deadline, |sim| sim.core_ref(1).stats().unexpected >= N),
+        "every RTS arrived"
+    );
+    // The sender is off its CPU: the receiver's NOTIFYs fill its window,
+    // then the table, then wait.
+    sim.set_paused(0, true);
+    let now = sim.now();
+    for k in 0..N {
+        let buf = if k >= N - FULL {
+            vec![0; LEN]
+        } else {
+            Vec::new()
+        };
+        // (one receive at a time fits `max_recvs`: the truncating ones
+        // complete at once)
+        let r = sim.core(1).post_recv(now, Some(addr(0)), k, !0, buf, k);
+        assert!(r.is_ok(), "receive {k} posted");
+        if k >= N - FULL {
+            break;
+        }
+    }
+    let mut posted = N - FULL + 1;
+    let paused_at = sim.now();
+    sim.run_until(paused_at + std::time::Duration::from_micros(500), |_| false);
+    sim.set_paused(0, false);
+    let (mut sends, mut recvs) = (0u64, 0u64);
+    let deadline = sim.now() + std::time::Duration::from_secs(2);
+    let ok = sim.run_until(deadline, |sim| {
+        for (i, c) in drain(sim) {
+            match c {
+                Completion::Send(s) => {
+                    assert!(s.result.is_ok(), "send {}: {:?}", s.ctx, s.result);
+                    sends += 1;
+                }
+                Completion::Recv(r) => {
+                    assert_eq!(i, 1);
+                    assert!(r.result.is_ok(), "receive {}: {:?}", r.ctx, r.result);
+                    if r.ctx >= N - FULL {
+                        assert!(r.buf == pattern(r.ctx, LEN), "message {} intact", r.ctx);
+                    }
+                    recvs += 1;
+                }
+            }
+        }
+        // The full receives go one after another.
+        while posted < N && recvs == posted {
+            let now = sim.now();
+            sim.core(1)
+                .post_recv(now, Some(addr(0)), posted, !0, vec![0; LEN], posted)
+                .unwrap();
+            posted += 1;
+        }
+        sends == N && recvs == N
+    });
+    assert!(
+        ok,
+        "sends {sends}/{N}, receives {recvs}/{N} at {:?}",
+        sim.now()
+    );
+}
