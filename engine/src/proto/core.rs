@@ -2455,6 +2455,28 @@ mod tests {
         assert!(b.owes_nothing());
     }
 
+    /// B (greeted) with A's messages 0 and 1 announced (RTS) and its frame
+    /// table taken (the frames are returned): a truncating receive took
+    /// message 0 (done, its NOTIFY waiting) and a whole one message 1 (its
+    /// pull waiting; the receive's id is returned).
+    fn starved_b(cfg: &CoreConfig, now: Time) -> (Core<Vec<u8>, Vec<u8>>, Vec<u32>, RequestId) {
+        let mut b = greeted_b(cfg, now);
+        for id in 0..2 {
+            let rts = hand_frame(cfg, 0, FrameType::Rts, id, &[], &move |h| h.msg_id = id);
+            assert_eq!(b.handle_frame(now, &rts), Ok(()));
+        }
+        let mut taken = Vec::new();
+        while let Some(i) = b.frame_free.alloc() {
+            taken.push(i);
+        }
+        b.post_recv(now, Some(addr(0)), 7, !0, Vec::new(), 0)
+            .unwrap();
+        let r = b
+            .post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
+            .unwrap();
+        (b, taken, r)
+    }
+
     /// A rendezvous receive bound while the frame table is full (NOTIFYs
     /// waiting for a closed window can fill it) used to lose its NOTIFY, so
     /// that the sender's send never completed, or to issue no pull at all,
@@ -2464,25 +2486,12 @@ mod tests {
     fn work_that_finds_the_frame_table_full_waits_for_frames() {
         let cfg = unchecked();
         let now = Time::from_micros(10);
-        let mut b = greeted_b(&cfg, now);
-        let rts = |id: u32| hand_frame(&cfg, 0, FrameType::Rts, id, &[], &move |h| h.msg_id = id);
-        for id in 0..2 {
-            assert_eq!(b.handle_frame(now, &rts(id)), Ok(()));
-        }
-        let mut taken = Vec::new();
-        while let Some(i) = b.frame_free.alloc() {
-            taken.push(i);
-        }
-        // A truncating receive takes message 0 and completes at once; a
-        // whole one takes message 1. Neither finds a frame.
-        b.post_recv(now, Some(addr(0)), 7, !0, Vec::new(), 0)
-            .unwrap();
-        b.post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
-            .unwrap();
+        let (mut b, taken, _) = starved_b(&cfg, now);
         assert!(
             matches!(b.poll_completion(), Some(Completion::Recv(d)) if d.result.is_ok()),
             "the truncating receive is done"
         );
+        let rts = |id: u32| hand_frame(&cfg, 0, FrameType::Rts, id, &[], &move |h| h.msg_id = id);
         for i in taken {
             b.frame_free.release(i);
         }
@@ -2511,20 +2520,7 @@ mod tests {
     fn waiting_work_goes_with_its_receive_and_its_session() {
         let cfg = unchecked();
         let now = Time::from_micros(10);
-        let mut b = greeted_b(&cfg, now);
-        let rts = |id: u32| hand_frame(&cfg, 0, FrameType::Rts, id, &[], &move |h| h.msg_id = id);
-        for id in 0..2 {
-            assert_eq!(b.handle_frame(now, &rts(id)), Ok(()));
-        }
-        let mut taken = Vec::new();
-        while let Some(i) = b.frame_free.alloc() {
-            taken.push(i);
-        }
-        b.post_recv(now, Some(addr(0)), 7, !0, Vec::new(), 0)
-            .unwrap();
-        let r = b
-            .post_recv(now, Some(addr(0)), 7, !0, vec![0u8; 1 << 20], 0)
-            .unwrap();
+        let (mut b, taken, r) = starved_b(&cfg, now);
         assert!(!b.starved_pulls.is_empty() && !b.starved_notifies.is_empty());
         b.abort_all(now);
         assert!(b.starved_pulls.is_empty(), "the aborted receive left");
