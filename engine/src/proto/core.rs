@@ -1007,9 +1007,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// that starts a message (EAGER, PACK, RTS), unacknowledged and counted as
     /// [`DropReason::NotForUs`]. The rest goes on: the fragments of messages
     /// that were arriving, acknowledgements (of frames that came again too),
-    /// the NOTIFYs of aborted receives, data pulled from us. Drive the core until it [`owes_nothing`](Self::owes_nothing)
-    /// (and a moment more, for a peer whose acknowledgement was lost), then
-    /// [`close`](Self::close) it.
+    /// the NOTIFYs of aborted receives, data pulled from us. Drive the core
+    /// until it [`owes_nothing`](Self::owes_nothing) (and a moment more, for a
+    /// peer whose acknowledgement was lost), then [`close`](Self::close) it.
     pub fn begin_close(&mut self, now: Time) {
         self.abort_all(now);
         self.closing = true;
@@ -1020,7 +1020,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// (or it is closed: it gave up what it owed). Costs a pass over the peers.
     pub fn owes_nothing(&self) -> bool {
         self.closed
-            || !self.starving()
+            || (!self.starving()
                 && self.peers.iter().all(|p| {
                     p.inflight.is_empty()
                         && p.ctrl.is_empty()
@@ -1030,7 +1030,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                         && !p.ack_now
                         && !p.hello_now
                         && !p.ping_now
-                })
+                }))
     }
 
     /// Closes the core for good, as if its endpoint had ended (after
@@ -2359,7 +2359,6 @@ mod tests {
         assert_eq!(b.poll_timeout(), None);
         b.handle_timeout(now + Duration::from_secs(100));
         assert!(!b.may_transmit(), "no timer ran");
-        assert!(!b.may_transmit());
         assert!(b.poll_transmit(now, &mut [0u8; 9216]).is_none());
         let e = b.post_recv(now, None, 7, !0, vec![0u8; 8], 0).unwrap_err();
         assert_eq!(e.error, RecvError::Closed);
