@@ -480,6 +480,52 @@ fn a_shutdown_acknowledges_what_came_in() {
     }
 }
 
+/// A stop is not held by a peer that goes on sending: once nothing is under
+/// way, the engine takes no new message (the peer keeps it) and stops when it
+/// owes nothing. It used to wait for a moment with no frame coming in, which
+/// such a peer never gives, so the stop took its whole deadline.
+#[test]
+fn a_peer_that_goes_on_sending_does_not_hold_a_stop() {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let ea = Engine::start(&cfg(1, (2, mb), ProgressMode::Inline), ia).unwrap();
+    let mut eb = Engine::start(&cfg(2, (1, ma), thread_mode()), ib).unwrap();
+    let b = eb.endpoint().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let sender = std::thread::spawn(move || {
+        let mut ea = ea;
+        let mut a = ea.endpoint().unwrap();
+        let mut reqs = std::collections::VecDeque::new();
+        let mut next = Instant::now();
+        while !stop2.load(Ordering::Relaxed) {
+            a.progress();
+            if Instant::now() >= next {
+                next += Duration::from_millis(1);
+                if let Ok(r) = a.isend(Addr::new(2, 0), 1, vec![1u8; 100]) {
+                    reqs.push_back(r);
+                }
+            }
+            while let Some(&r) = reqs.front() {
+                match a.test(r) {
+                    Ok(None) => break,
+                    _ => {
+                        reqs.pop_front();
+                    }
+                }
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    eb.shutdown(Duration::from_secs(3)).unwrap();
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
+    drop(b);
+    assert!(took < Duration::from_secs(1), "the stop took {took:?}");
+}
+
 /// A polling thread's endpoint dropped without `close` has its requests
 /// aborted: a send to a peer that never answers no longer goes on for
 /// nobody, holding the engine's shutdown for its whole deadline.
