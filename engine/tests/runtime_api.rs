@@ -526,6 +526,52 @@ fn a_peer_that_goes_on_sending_does_not_hold_a_stop() {
     assert!(took < Duration::from_secs(1), "the stop took {took:?}");
 }
 
+/// In a stop, an endpoint with nothing under way takes no new message while
+/// another endpoint of the engine still drains: a peer's send to it is not
+/// acknowledged as if delivered to an endpoint that is going.
+#[test]
+fn a_stopping_engine_takes_no_message_for_an_endpoint_done_draining() {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut ea = Engine::start(&cfg(1, (2, mb), ProgressMode::Inline), ia).unwrap();
+    let cb = EngineConfig {
+        endpoints: vec![0, 1],
+        progress: thread_mode(),
+        peers: vec![
+            PeerConfig {
+                node: 1,
+                endpoint: 0,
+                mac: ma,
+            },
+            // A node that never answers.
+            PeerConfig {
+                node: 3,
+                endpoint: 0,
+                mac: [2, 0, 0, 0, 0, 3],
+            },
+        ],
+        protocol: ProtocolConfig {
+            peer_timeout_us: Some(60_000_000),
+            ..Default::default()
+        },
+        ..EngineConfig::new(2)
+    };
+    let mut eb = Engine::start(&cb, ib).unwrap();
+    let mut a = ea.endpoint().unwrap();
+    let (b0, mut b1) = (eb.endpoint_id(0).unwrap(), eb.endpoint_id(1).unwrap());
+    let s = a.isend(Addr::new(2, 0), 1, vec![1u8; 8]).unwrap();
+    assert!(a.wait(s).unwrap().result.is_ok(), "taken while running");
+    // b1's send to the silent node stays under way through the stop.
+    b1.isend(Addr::new(3, 0), 1, vec![1u8; 100]).unwrap();
+    let stopper = std::thread::spawn(move || eb.shutdown(Duration::from_millis(500)));
+    std::thread::sleep(Duration::from_millis(50));
+    let s = a.isend(Addr::new(2, 0), 2, vec![2u8; 8]).unwrap();
+    let c = a.wait(s).unwrap();
+    assert!(c.result.is_err(), "{:?}", c.result);
+    stopper.join().unwrap().unwrap();
+    drop((b0, b1));
+}
+
 /// A polling thread's endpoint dropped without `close` has its requests
 /// aborted: a send to a peer that never answers no longer goes on for
 /// nobody, holding the engine's shutdown for its whole deadline.

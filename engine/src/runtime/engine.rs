@@ -965,8 +965,10 @@ fn poll_thread(
     // What each endpoint's `backlogged` flag says (written only on change).
     let mut backlogged = vec![false; n_eps];
     let mut backoff = Backoff::new(spin);
-    // Stopping: since when the cores were told to close (once nothing was
-    // under way), and since when they have owed their peers nothing.
+    // Stopping: which cores were told to close (each once nothing of its was
+    // under way), since when all were, and since when they have owed their
+    // peers nothing.
+    let mut core_closing = vec![false; n_eps];
     let mut cores_closing: Option<Instant> = None;
     let mut quiet_since: Option<Instant> = None;
     // Endpoints gone (`Cmd::Close`), until their cores close: since when,
@@ -1121,11 +1123,19 @@ fn poll_thread(
             // would fail sends that arrived.
             // (At most CLOSE_MAX for what they owe: a peer that went away
             // never acknowledges.)
-            if cores_closing.is_none() && (0..n_eps).all(|ep| driver.core(ep).in_progress() == 0) {
-                for ep in 0..n_eps {
-                    driver.core(ep).begin_close(now);
+            // Each core on its own: one that still drains a send to a slow
+            // peer does not keep the others taking messages for nobody.
+            if cores_closing.is_none() {
+                for (ep, closing) in core_closing.iter_mut().enumerate() {
+                    let core = driver.core(ep);
+                    if !*closing && core.in_progress() == 0 {
+                        core.begin_close(now);
+                        *closing = true;
+                    }
                 }
-                cores_closing = Some(Instant::now());
+                if core_closing.iter().all(|&c| c) {
+                    cores_closing = Some(Instant::now());
+                }
             }
             if cores_closing.is_none() || !(0..n_eps).all(|ep| driver.core(ep).owes_nothing()) {
                 quiet_since = None;
