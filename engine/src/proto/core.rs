@@ -1062,6 +1062,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         self.closed
     }
 
+    /// Whether [`begin_close`](Self::begin_close) (or `close`) was called.
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
     /// Drops peer `p`'s frame records that refer to sends (EAGER, RTS, PULL_DATA in
     /// flight: a send's buffer is needed to send them again) and its pulls not sent
     /// yet (every pulling receive is being aborted). Pulls and notifies in flight stay:
@@ -2388,8 +2393,9 @@ mod tests {
         while b.poll_transmit(now, &mut buf).is_some() {}
         assert_eq!(b.handle_frame(now, &eager(0, 0, 8, 0)), Ok(()));
         assert_eq!(b.handle_frame(now, &eager(1, 1, 2000, 0)), Ok(()));
+        assert!(!b.is_closing());
         b.begin_close(now);
-        assert!(!b.is_closed());
+        assert!(b.is_closing() && !b.is_closed());
         assert!(!b.owes_nothing(), "the acknowledgements of frames 0 and 1");
         assert_eq!(
             b.handle_frame(now, &eager(2, 2, 8, 0)),

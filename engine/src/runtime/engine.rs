@@ -624,6 +624,23 @@ const LINGER: Duration = Duration::from_millis(5);
 /// answering for what it owes its peers (see `Cmd::Close`).
 const CLOSE_MAX: Duration = Duration::from_secs(1);
 
+/// Whether cores that are closing have settled: owed their peers nothing
+/// ([`Core::owes_nothing`]) for `LINGER` without a break. The moment more
+/// covers a peer whose acknowledgement was lost and that sends again.
+#[derive(Clone, Copy, Default)]
+struct Settling(Option<Instant>);
+
+impl Settling {
+    /// Notes whether they owe nothing now; true once they have for `LINGER`.
+    fn settled(&mut self, owe_nothing: bool) -> bool {
+        if !owe_nothing {
+            self.0 = None;
+            return false;
+        }
+        self.0.get_or_insert_with(Instant::now).elapsed() >= LINGER
+    }
+}
+
 /// What closing an endpoint found.
 #[derive(Debug, Default)]
 pub struct ShutdownReport {
@@ -965,15 +982,12 @@ fn poll_thread(
     // What each endpoint's `backlogged` flag says (written only on change).
     let mut backlogged = vec![false; n_eps];
     let mut backoff = Backoff::new(spin);
-    // Stopping: which cores were told to close (each once nothing of its was
-    // under way), since when all were, and since when they have owed their
-    // peers nothing.
-    let mut core_closing = vec![false; n_eps];
+    // Stopping: since when every core was closing, and whether they settled.
     let mut cores_closing: Option<Instant> = None;
-    let mut quiet_since: Option<Instant> = None;
+    let mut stop_settling = Settling::default();
     // Endpoints gone (`Cmd::Close`), until their cores close: since when,
-    // and since when their cores have owed nothing.
-    let mut closing: Vec<Option<(Instant, Option<Instant>)>> = vec![None; n_eps];
+    // and whether their cores settled.
+    let mut closing: Vec<Option<(Instant, Settling)>> = vec![None; n_eps];
     let mut n_closing = 0;
     loop {
         let now = clock.now();
@@ -1050,7 +1064,10 @@ fn poll_thread(
                     }
                     Cmd::Close => {
                         core.begin_close(now);
-                        if closing[ep].replace((Instant::now(), None)).is_none() {
+                        if closing[ep]
+                            .replace((Instant::now(), Settling::default()))
+                            .is_none()
+                        {
                             n_closing += 1;
                         }
                     }
@@ -1062,7 +1079,7 @@ fn poll_thread(
         });
         if n_closing != 0 {
             for (ep, state) in closing.iter_mut().enumerate() {
-                let Some((since, settled)) = state else {
+                let Some((since, settling)) = state else {
                     continue;
                 };
                 // Closed once it has owed its peers nothing for a moment (its
@@ -1070,13 +1087,7 @@ fn poll_thread(
                 // and an answer to a peer whose acknowledgement was lost), or
                 // after CLOSE_MAX whatever it owes (a peer that went away).
                 let core = driver.core(ep);
-                let settled = if core.owes_nothing() {
-                    *settled.get_or_insert_with(Instant::now)
-                } else {
-                    *settled = None;
-                    Instant::now()
-                };
-                if settled.elapsed() >= LINGER || since.elapsed() >= CLOSE_MAX {
+                if settling.settled(core.owes_nothing()) || since.elapsed() >= CLOSE_MAX {
                     core.close(now);
                     *state = None;
                     n_closing -= 1;
@@ -1126,21 +1137,19 @@ fn poll_thread(
             // Each core on its own: one that still drains a send to a slow
             // peer does not keep the others taking messages for nobody.
             if cores_closing.is_none() {
-                for (ep, closing) in core_closing.iter_mut().enumerate() {
+                for ep in 0..n_eps {
                     let core = driver.core(ep);
-                    if !*closing && core.in_progress() == 0 {
+                    if !core.is_closing() && core.in_progress() == 0 {
                         core.begin_close(now);
-                        *closing = true;
                     }
                 }
-                if core_closing.iter().all(|&c| c) {
+                if (0..n_eps).all(|ep| driver.core(ep).is_closing()) {
                     cores_closing = Some(Instant::now());
                 }
             }
-            if cores_closing.is_none() || !(0..n_eps).all(|ep| driver.core(ep).owes_nothing()) {
-                quiet_since = None;
-            }
-            let quiet = quiet_since.get_or_insert_with(Instant::now).elapsed() >= LINGER
+            let owe_nothing =
+                cores_closing.is_some() && (0..n_eps).all(|ep| driver.core(ep).owes_nothing());
+            let quiet = stop_settling.settled(owe_nothing)
                 || cores_closing.is_some_and(|t| t.elapsed() >= CLOSE_MAX);
             if quiet || Instant::now() >= until {
                 // What is left is aborted: the cores complete every outstanding
@@ -1952,16 +1961,14 @@ impl Endpoint {
             let start = Instant::now();
             let ack_delay = d.core(0).config().ack_delay;
             let stop = until.min(start + CLOSE_MAX).max(start + LINGER + ack_delay);
-            let mut settled: Option<Instant> = None;
+            let mut settling = Settling::default();
             while Instant::now() < stop {
                 self.progress();
-                let owes = match &mut self.mode {
-                    Mode::Inline(d) => !d.core(0).owes_nothing(),
-                    Mode::Thread => false,
+                let owe_nothing = match &mut self.mode {
+                    Mode::Inline(d) => d.core(0).owes_nothing(),
+                    Mode::Thread => true,
                 };
-                if owes {
-                    settled = None;
-                } else if settled.get_or_insert_with(Instant::now).elapsed() >= LINGER {
+                if settling.settled(owe_nothing) {
                     break;
                 }
             }
