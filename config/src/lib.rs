@@ -28,7 +28,7 @@
 //! eager_threshold = 32768     # messages up to this many bytes go eager, longer ones rendezvous [32768]
 //! unexpected_bytes = 67108864 # unexpected-message store, split among peers as credits [64 MiB: 1 MiB each of 64 peers]
 //! window = 64                 # send window per peer in frames, 1..=256 [64]
-//! pull_block = 65536          # bytes per rendezvous pull [65536]
+//! pull_block = 262144         # bytes per rendezvous pull, rounded down to whole frames [256 KiB]
 //! pull_inflight = 4           # pulls in flight per rendezvous receive, 1..=8 [4]
 //! pack_max = 16               # small messages queued together leave up to this many to a frame; 1: never [16]
 //! pack_below = 256            # messages up to this many bytes may be packed (copied into the frame) [256]

@@ -11,12 +11,12 @@ use emx::sim::LinkConfig;
 fn effective_pull_block_is_whole_frames() {
     let cfg = CoreConfig::default();
     assert_eq!(cfg.frame_payload(), 1424);
-    assert_eq!(cfg.effective_pull_block(), 46 * 1424);
+    assert_eq!(cfg.effective_pull_block(), 184 * 1424);
     let jumbo = CoreConfig {
         mtu: 9000,
         ..CoreConfig::default()
     };
-    assert_eq!(jumbo.effective_pull_block(), 7 * 8924);
+    assert_eq!(jumbo.effective_pull_block(), 29 * 8924);
     // A bound that is whole frames already stays; one below a frame is raised to one.
     for (block, want) in [
         (3 * 1424, 3 * 1424),

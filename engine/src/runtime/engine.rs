@@ -95,7 +95,7 @@ pub struct ProtocolConfig {
     pub unexpected_bytes: Option<u64>,
     /// Send window in frames (1..=256).
     pub window: Option<u32>,
-    /// Bytes per rendezvous pull.
+    /// Bytes per rendezvous pull (default 256 KiB).
     pub pull_block: Option<u32>,
     /// Pulls in flight per rendezvous receive (1..=8).
     pub pull_inflight: Option<u8>,
