@@ -1155,7 +1155,7 @@ fn count_raw(rx: &mut RxQueue, inb: &mut Burst, got: &mut Tally, warmup: u64) {
 /// does not end (each look at an unfinished receive polls, and the poll
 /// finishes more), and a receiver that posted only afterwards ran out of
 /// posted receives within it. Its messages then arrived unexpected (copied
-/// into the store, and out again once a receive came), 7-18% of a 4 KiB
+/// into the store, and out again once a receive came), 5-28% of a 4 KiB
 /// stream's, which slowed it further.
 fn take_stream(
     s: &mut crate::chans::EmxSide,
