@@ -32,6 +32,27 @@ fn effective_pull_block_is_whole_frames() {
     }
 }
 
+/// By default one receive's pulls ask for at least a send window of frames, with
+/// jumbo frames too: a lone message then streams as fast as many do. (With 64 KiB
+/// blocks, 7 jumbo frames each, four pulls asked for 28 frames of a 64-frame window,
+/// and a 4 MiB ping-pong on memif ran at half a stream's rate.)
+#[test]
+fn a_lone_receives_pulls_cover_the_send_window() {
+    for mtu in [1500, 9000] {
+        let cfg = CoreConfig {
+            mtu,
+            ..CoreConfig::default()
+        };
+        let per_block = cfg.effective_pull_block() as usize / cfg.frame_payload();
+        let frames = per_block * usize::from(cfg.pull_inflight);
+        assert!(
+            frames >= cfg.window as usize,
+            "MTU {mtu}: {frames} frames pulled at once, window {}",
+            cfg.window
+        );
+    }
+}
+
 /// Sends one message by rendezvous on a clean link and returns the data frames the
 /// sender sent (every reliable frame but the RTS).
 fn data_frames(cfg: CoreConfig, len: usize) -> u64 {
