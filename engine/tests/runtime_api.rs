@@ -93,7 +93,11 @@ fn exchange(mode: ProgressMode) {
         a.wait(r).unwrap().into_send().unwrap();
     }
     done.store(true, Ordering::Release);
-    let b = receiver.join().unwrap();
+    let mut b = receiver.join().unwrap();
+    // Every receive was posted before its message came.
+    let (sa, sb) = (a.core_stats().unwrap(), b.core_stats().unwrap());
+    assert_eq!((sa.sends_completed, sb.recvs_completed), (5, 5));
+    assert_eq!(sb.unexpected, 0);
     let (peer, iostats) = a.stats(Addr::new(2, 0)).unwrap();
     assert!(peer.unwrap().frames_sent > 0 && iostats.tx_frames > 0);
     let peers = a.peers().unwrap();
@@ -116,6 +120,48 @@ fn inline_exchange() {
 #[test]
 fn polling_thread_exchange() {
     exchange(thread_mode());
+}
+
+/// A message that arrives before its receive is posted counts as unexpected
+/// in the receiver's `core_stats`; one posted for counts not.
+fn core_stats_count_unexpected_messages(mode: ProgressMode) {
+    let (_ea, _eb, mut a, mut b) = joined(&mode);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let to_b = Addr::new(2, 0);
+    let early = a.isend(to_b, 1, b"early".to_vec()).unwrap();
+    // Both sides driven (inline engines act only then) until b holds it.
+    while b.core_stats().unwrap().unexpected == 0 {
+        assert!(Instant::now() < deadline, "the message never reached b");
+        a.progress();
+        b.progress();
+    }
+    let posted = b.irecv(None, 2, u64::MAX, vec![0u8; 8]).unwrap();
+    let late = b.irecv(None, 1, u64::MAX, vec![0u8; 8]).unwrap();
+    let on_time = a.isend(to_b, 2, b"on time".to_vec()).unwrap();
+    let mut left = vec![early, on_time];
+    let mut recvs = vec![late, posted];
+    while !left.is_empty() || !recvs.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "requests left: {left:?} {recvs:?}"
+        );
+        left.retain(|&r| a.test(r).unwrap().is_none());
+        recvs.retain(|&r| b.test(r).unwrap().is_none());
+    }
+    let st = b.core_stats().unwrap();
+    assert_eq!((st.unexpected, st.recvs_completed), (1, 2), "{st:?}");
+    assert!(st.unexpected_high_water > 0, "{st:?}");
+    assert_eq!(a.core_stats().unwrap().sends_completed, 2);
+}
+
+#[test]
+fn inline_core_stats_count_unexpected_messages() {
+    core_stats_count_unexpected_messages(ProgressMode::Inline);
+}
+
+#[test]
+fn polling_thread_core_stats_count_unexpected_messages() {
+    core_stats_count_unexpected_messages(thread_mode());
 }
 
 /// Inline: a send with nothing in flight before it leaves in `isend`, so a

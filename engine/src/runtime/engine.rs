@@ -54,7 +54,8 @@ use serde::Deserialize;
 
 use crate::io::{IoStats, PacketIo};
 use crate::proto::{
-    Addr, Completion, Core, CoreConfig, MacAddr, PeerStats, ProbeInfo, RecvError, SendError,
+    Addr, Completion, Core, CoreConfig, CoreStats, MacAddr, PeerStats, ProbeInfo, RecvError,
+    SendError,
 };
 
 use super::buffer::{RecvBuf, SendBuf};
@@ -363,6 +364,7 @@ enum Cmd {
     Stats {
         addr: Addr,
     },
+    CoreStats,
     Peers,
     Reconnect {
         addr: Addr,
@@ -390,6 +392,8 @@ enum Event {
     AddPeer(Result<(), Error>),
     /// (boxed: rare, and large next to the completions the ring mostly carries)
     Stats(Box<(Option<PeerStats>, IoStats)>),
+    /// (boxed for the same reason)
+    CoreStats(Box<CoreStats>),
     Peers(Vec<PeerStatus>),
     Reconnect(bool),
     InProgress(usize),
@@ -1056,6 +1060,9 @@ fn poll_thread(
                     Cmd::Stats { addr } => {
                         let st = core.peer_id(addr).and_then(|p| core.peer_stats(p).copied());
                         backlog[ep].push_back(Event::Stats(Box::new((st, driver.io_stats()))));
+                    }
+                    Cmd::CoreStats => {
+                        backlog[ep].push_back(Event::CoreStats(Box::new(*core.stats())))
                     }
                     Cmd::Peers => backlog[ep].push_back(Event::Peers(peer_status(core, now))),
                     Cmd::InProgress => backlog[ep].push_back(Event::InProgress(core.in_progress())),
@@ -1851,6 +1858,28 @@ impl Endpoint {
             }
             Mode::Thread => match self.control(Cmd::Stats { addr: peer })? {
                 Event::Stats(s) => Ok(*s),
+                _ => Err(Error::WrongKind),
+            },
+        }
+    }
+
+    /// This endpoint's own counters: its sends and receives completed, the
+    /// messages that arrived before a receive was posted for them
+    /// ([`unexpected`](CoreStats::unexpected): an eager one is copied into
+    /// the unexpected store, and out again when its receive comes), the most
+    /// the store held, and the frames dropped before they reached a peer.
+    ///
+    /// ```no_run
+    /// # fn f(ep: &mut emx::runtime::Endpoint) -> Result<(), emx::runtime::Error> {
+    /// let st = ep.core_stats()?;
+    /// println!("{} of {} receives found their message waiting", st.unexpected, st.recvs_completed);
+    /// # Ok(()) }
+    /// ```
+    pub fn core_stats(&mut self) -> Result<CoreStats, Error> {
+        match &mut self.mode {
+            Mode::Inline(d) => Ok(*d.core(0).stats()),
+            Mode::Thread => match self.control(Cmd::CoreStats)? {
+                Event::CoreStats(s) => Ok(*s),
                 _ => Err(Error::WrongKind),
             },
         }
