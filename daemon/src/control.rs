@@ -262,8 +262,28 @@ pub struct EndpointStats {
     pub link: LinkStats,
     /// Its responder's counters.
     pub responder: ResponderCounters,
+    /// Its messages (the engine's `CoreStats`).
+    #[serde(default)]
+    pub messages: MessageStats,
     /// Each peer's protocol counters.
     pub peers: Vec<PeerStatsEntry>,
+}
+
+/// One local endpoint's message counters (the engine's `CoreStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageStats {
+    /// Sends completed.
+    pub sends_completed: u64,
+    /// Receives completed.
+    pub recvs_completed: u64,
+    /// Messages that arrived before a receive was posted for them (an eager
+    /// one waits in the unexpected store, copied, until its receive comes).
+    pub unexpected: u64,
+    /// The most bytes the unexpected store held at once.
+    pub unexpected_high_water: u64,
+    /// Frames dropped before they could be told apart by peer (bad
+    /// headers, other clusters, unknown senders).
+    pub dropped: u64,
 }
 
 /// The link's counters (the engine's `IoStats`).

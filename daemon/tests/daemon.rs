@@ -630,6 +630,18 @@ fn two_daemons_over_memif() {
         stats["endpoints"][0]["link"]["rx_bytes"].as_u64().unwrap() > 16 << 20,
         "{stats}"
     );
+    let messages = &stats["endpoints"][0]["messages"];
+    assert!(
+        messages["recvs_completed"].as_u64().unwrap() >= 8
+            && messages["sends_completed"].as_u64().unwrap() >= 8,
+        "{stats}"
+    );
+    let o = b.ctl(&["stats"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("  messages: sent "),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     // A request that is not one.
     let mut s = UnixStream::connect(&a.control).unwrap();
     s.write_all(b"{\"cmd\":\"bogus\"}\n").unwrap();

@@ -434,6 +434,15 @@ fn print_stats(s: &Stats) {
             r.stray,
             r.failed
         );
+        let m = &e.messages;
+        println!(
+            "  messages: sent {}, received {} ({} unexpected, store high water {}), dropped before a peer {}",
+            m.sends_completed,
+            m.recvs_completed,
+            m.unexpected,
+            bytes(m.unexpected_high_water),
+            m.dropped
+        );
         let mut rows = vec![[
             "  PEER",
             "FRAMES_TX",

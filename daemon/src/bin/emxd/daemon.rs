@@ -12,8 +12,8 @@ use emx::proto::Addr;
 use emx::runtime::{Engine, ProgressMode};
 use emx_config::{ClusterConfig, Mac};
 use emx_daemon::control::{
-    reply_err, reply_ok, CheckResult, EndpointStats, LinkInfo, LinkStats, PeerRef, PeerState,
-    Peers, Request, ResponderCounters, Stats, Status, DEFAULT_CHECK_SIZES,
+    reply_err, reply_ok, CheckResult, EndpointStats, LinkInfo, LinkStats, MessageStats, PeerRef,
+    PeerState, Peers, Request, ResponderCounters, Stats, Status, DEFAULT_CHECK_SIZES,
 };
 use tracing::{info, warn};
 
@@ -244,6 +244,10 @@ impl Daemon {
                 Ok(p) => p,
                 Err(e) => return reply_err::<()>(&format!("cannot read the counters: {e}"), None),
             };
+            let core = match st.ep.core_stats() {
+                Ok(c) => c,
+                Err(e) => return reply_err::<()>(&format!("cannot read the counters: {e}"), None),
+            };
             endpoints.push(EndpointStats {
                 endpoint: local.endpoint,
                 link: LinkStats {
@@ -257,6 +261,13 @@ impl Daemon {
                     payload_attached: io.payload_attached,
                 },
                 responder: st.counters,
+                messages: MessageStats {
+                    sends_completed: core.sends_completed,
+                    recvs_completed: core.recvs_completed,
+                    unexpected: core.unexpected,
+                    unexpected_high_water: core.unexpected_high_water,
+                    dropped: core.dropped.total(),
+                },
                 peers,
             });
         }
