@@ -143,7 +143,12 @@ impl Chans {
             self.modes[i].clone(),
         )?;
         self.emx[i] = Some(EmxChan {
-            side: EmxSide::new(ep, Addr::new(self.peer_node, 0), self.region.clone()),
+            side: EmxSide::new(
+                ep,
+                Addr::new(self.peer_node, 0),
+                self.region.clone(),
+                matches!(self.modes[i], ProgressMode::Inline),
+            ),
             _engine: engine,
         });
         Ok(())
@@ -287,14 +292,18 @@ pub(crate) struct EmxSide {
     one: Option<ExtBuf>,
     pub(crate) posted: VecDeque<Request>,
     pub(crate) sends: VecDeque<Request>,
+    /// Whether its engine progresses inline (its counters are then read
+    /// without a round trip to a polling thread).
+    pub(crate) inline: bool,
 }
 
 impl EmxSide {
-    fn new(ep: Endpoint, peer: Addr, region: ExtMem) -> EmxSide {
+    fn new(ep: Endpoint, peer: Addr, region: ExtMem, inline: bool) -> EmxSide {
         EmxSide {
             ep,
             peer,
             region,
+            inline,
             free: Vec::new(),
             one: None,
             size: usize::MAX,
@@ -374,6 +383,12 @@ impl EmxSide {
                 false
             }
         }
+    }
+
+    /// Messages the endpoint has taken that arrived before their receive
+    /// was posted.
+    pub(crate) fn unexpected(&mut self) -> Result<u64, String> {
+        Ok(self.ep.core_stats().map_err(|e| e.to_string())?.unexpected)
     }
 
     /// The endpoint's protocol counters toward its peer.

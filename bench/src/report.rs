@@ -81,6 +81,22 @@ pub struct Protocol {
     pub credit_stalls: u64,
     /// Messages sent packed several to a frame.
     pub msgs_packed: u64,
+    /// Streams with inline progress on the receiving side: what it received
+    /// (the echo side's messages; both sides' in bibw).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arrivals: Option<Arrivals>,
+}
+
+/// The messages a stream's receiving side took, warm-up included, and how
+/// many of them arrived before their receive was posted (each waited in the
+/// unexpected store, copied in and out again). The bench keeps receives
+/// posted ahead of the sender's window, so that none should.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Arrivals {
+    /// Messages received.
+    pub messages: u64,
+    /// Of those, arrived unexpected.
+    pub unexpected: u64,
 }
 
 impl Protocol {
@@ -97,6 +113,7 @@ impl Protocol {
             window_stalls: d(before.window_stalls, after.window_stalls),
             credit_stalls: d(before.credit_stalls, after.credit_stalls),
             msgs_packed: d(before.msgs_packed, after.msgs_packed),
+            arrivals: None,
         }
     }
 
@@ -110,6 +127,13 @@ impl Protocol {
         self.window_stalls += o.window_stalls;
         self.credit_stalls += o.credit_stalls;
         self.msgs_packed += o.msgs_packed;
+        self.arrivals = match (self.arrivals, o.arrivals) {
+            (Some(a), Some(b)) => Some(Arrivals {
+                messages: a.messages + b.messages,
+                unexpected: a.unexpected + b.unexpected,
+            }),
+            (a, b) => a.or(b),
+        };
     }
 }
 
@@ -352,6 +376,37 @@ pub fn human(size: usize) -> String {
 /// together per test and transport.
 const RESENT_LISTED: f64 = 0.01;
 
+/// Writes the stream rows whose receiving side took messages that arrived
+/// unexpected, a line each.
+fn unexpected(o: &mut String, rows: &[Row]) {
+    let mut any = false;
+    for r in rows {
+        let Some(a) = r.protocol.and_then(|p| p.arrivals) else {
+            continue;
+        };
+        if a.unexpected == 0 {
+            continue;
+        }
+        if !any {
+            let _ = writeln!(
+                o,
+                "\nmessages that arrived before their receive (emx, receiving side):"
+            );
+            any = true;
+        }
+        let _ = writeln!(
+            o,
+            "  {:?} {} {}: {} of {} ({:.1}%)",
+            r.test,
+            r.transport.label(),
+            human(r.size),
+            a.unexpected,
+            a.messages,
+            100.0 * a.unexpected as f64 / a.messages.max(1) as f64
+        );
+    }
+}
+
 /// Writes where emx sent frames again: rows that resent a notable share on a
 /// line each, the others summed up per test and transport.
 fn resent(o: &mut String, rows: &[Row]) {
@@ -479,8 +534,10 @@ impl Report {
                 o.push('\n');
             }
         }
-        // Retransmissions move figures: say where there were any.
+        // Retransmissions move figures: say where there were any. So do
+        // messages that found no receive posted.
         resent(&mut o, &self.rows);
+        unexpected(&mut o, &self.rows);
         if !self.skipped.is_empty() {
             let _ = writeln!(o, "\nnot measured:");
             for s in &self.skipped {
@@ -719,5 +776,41 @@ mod tests {
         let mut o = String::new();
         resent(&mut o, &[row(Latency, Emx, 8, 0, 90_000)]);
         assert_eq!(o, "", "nothing sent again, nothing said");
+    }
+
+    /// Stream rows whose messages arrived unexpected get a line each; rows
+    /// with none, or not counted (latency, a polling thread), get nothing.
+    #[test]
+    fn unexpected_arrivals_are_listed() {
+        use Test::*;
+        use Transport::*;
+        let with = |test, t, size, messages, unexpected| {
+            let mut r = row(test, t, size, 0, 1);
+            r.protocol.as_mut().unwrap().arrivals = Some(Arrivals {
+                messages,
+                unexpected,
+            });
+            r
+        };
+        let mut o = String::new();
+        unexpected(
+            &mut o,
+            &[
+                row(Latency, Emx, 8, 0, 90_000),
+                with(Bandwidth, Emx, 4 << 10, 200_000, 0),
+                with(Bandwidth, Emx, 16 << 10, 100_000, 18_000),
+                with(Msgrate, Emx, 8, 1_000_000, 3),
+                row(Msgrate, EmxThread, 8, 0, 1),
+            ],
+        );
+        assert_eq!(
+            o,
+            "\nmessages that arrived before their receive (emx, receiving side):\n\
+             \x20 Bandwidth emx 16K: 18000 of 100000 (18.0%)\n\
+             \x20 Msgrate emx 8: 3 of 1000000 (0.0%)\n"
+        );
+        let mut o = String::new();
+        unexpected(&mut o, &[with(Bandwidth, Emx, 4 << 10, 200_000, 0)]);
+        assert_eq!(o, "", "none unexpected, nothing said");
     }
 }

@@ -28,7 +28,7 @@ use hdrhistogram::Histogram;
 use crate::chans::{channel, Chans};
 use crate::link::{End, Link, LinkKind, SideSpec, RAW};
 use crate::raw::{self, Patience};
-use crate::report::Protocol;
+use crate::report::{Arrivals, Protocol};
 
 /// EtherType of raw benchmark frames (emx uses 0x88B5).
 const RAW_ETHERTYPE: u16 = 0x88B6;
@@ -240,6 +240,10 @@ pub(crate) struct Counters {
     /// emx messages sent back (bibw), and whether all are done.
     pub sent_back: u64,
     pub back_done: bool,
+    /// Of the emx messages that arrived, those that came before their
+    /// receive was posted (inline progress only: `None` otherwise).
+    #[serde(default)]
+    pub unexpected: Option<u64>,
 }
 
 /// The control block shared with the echo thread.
@@ -262,7 +266,13 @@ pub(crate) struct Ctl {
     /// all of them are done (after `stop`).
     sent_back: AtomicU64,
     back_done: AtomicBool,
+    /// Of the emx messages that arrived in this command, those that came
+    /// before their receive was posted (`NOT_COUNTED`: not counted).
+    unexpected: AtomicU64,
 }
+
+/// [`Ctl::unexpected`] for a stream whose receiving side is not counted.
+const NOT_COUNTED: u64 = u64::MAX;
 
 impl Ctl {
     fn new() -> Arc<Ctl> {
@@ -278,6 +288,7 @@ impl Ctl {
             stop: AtomicBool::new(false),
             sent_back: AtomicU64::new(0),
             back_done: AtomicBool::new(false),
+            unexpected: AtomicU64::new(NOT_COUNTED),
         })
     }
 
@@ -311,6 +322,7 @@ impl Ctl {
             last_ns: ns(&self.last),
             sent_back: self.sent_back.load(Ordering::Acquire),
             back_done: self.back_done.load(Ordering::Acquire),
+            unexpected: Some(self.unexpected.load(Ordering::Acquire)).filter(|&u| u != NOT_COUNTED),
         }
     }
 
@@ -921,18 +933,47 @@ impl Session {
         pace: Pace,
     ) -> Result<Stream, String> {
         self.open(t)?;
+        // What this side received in bibw, and of it unexpected: counted
+        // where it progresses inline, as the echo side is (`None`: not
+        // counted, nor then the stream's arrivals).
+        let mut own = Some((0, 0));
         let mine = match t {
             Transport::Raw => self.raw_stream(size, bidir, pace)?,
             Transport::Emx | Transport::EmxThread => {
                 let ep = usize::from(t == Transport::EmxThread);
                 let before = self.chans.side(ep).peer_stats()?;
+                let s = self.chans.side(ep);
+                let core =
+                    |s: &mut crate::chans::EmxSide| s.ep.core_stats().map_err(|e| e.to_string());
+                let at = if bidir && s.inline {
+                    Some(core(s)?)
+                } else {
+                    None
+                };
                 let got = self.emx_stream(ep, size, window, bidir, sends, pace)?;
                 self.count_protocol(ep, &before)?;
+                if let Some(at) = at {
+                    let now = core(self.chans.side(ep))?;
+                    own = Some((
+                        now.recvs_completed - at.recvs_completed,
+                        now.unexpected - at.unexpected,
+                    ));
+                } else if bidir {
+                    own = None;
+                }
                 got
             }
             _ => return Err(format!("{} does not stream here", t.label())),
         };
         let c = self.counters()?;
+        if let (Some(p), Some(u), Some(own)) = (self.protocol.as_mut(), c.unexpected, own) {
+            if t != Transport::Raw {
+                p.arrivals = Some(Arrivals {
+                    messages: c.arrived + own.0,
+                    unexpected: u + own.1,
+                });
+            }
+        }
         let theirs = Stream {
             bytes: c.bytes,
             msgs: c.msgs,
@@ -1278,6 +1319,9 @@ impl Echo {
         // A sink's count, and its warm-up in ticks.
         let mut tally = Tally::default();
         let mut warm = 0u64;
+        // A stream's receiving side, counted (inline): its endpoint's
+        // unexpected arrivals when the stream started.
+        let mut unexpected_at: Option<u64> = None;
         loop {
             let g = self.ctl.gen.load(Ordering::Acquire);
             if g != seen {
@@ -1324,6 +1368,8 @@ impl Echo {
                 }
                 self.ctl.back_done.store(false, Ordering::Relaxed);
                 self.ctl.stop.store(false, Ordering::Relaxed);
+                self.ctl.unexpected.store(NOT_COUNTED, Ordering::Relaxed);
+                unexpected_at = None;
                 match cmd {
                     Cmd::Close => {
                         self.chans.close_all();
@@ -1343,10 +1389,15 @@ impl Echo {
                         back,
                         sends,
                         ..
-                    } => self
-                        .chans
-                        .side(ep)
-                        .stream_buffers(size, depth, back, true, sends)?,
+                    } => {
+                        let s = self.chans.side(ep);
+                        s.stream_buffers(size, depth, back, true, sends)?;
+                        if s.inline {
+                            let u = s.unexpected()?;
+                            unexpected_at = Some(u);
+                            self.ctl.unexpected.store(0, Ordering::Relaxed);
+                        }
+                    }
                     _ => {}
                 }
                 self.ctl.running.store(g, Ordering::Release);
@@ -1458,6 +1509,12 @@ impl Echo {
                     let before = tally.arrived;
                     take_stream(s, &mut tally, warm, gen, depth)?;
                     if tally.arrived != before {
+                        // Before `arrived` is published: once the pinger sees
+                        // every message arrived, every count is final.
+                        if let Some(at) = unexpected_at {
+                            let u = s.unexpected()?.saturating_sub(at);
+                            self.ctl.unexpected.store(u, Ordering::Relaxed);
+                        }
                         self.ctl.publish(&tally);
                     }
                     s.sends_done()?;
