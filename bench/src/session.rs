@@ -1101,10 +1101,27 @@ impl Session {
                 if let Some(&front) = s.sends.front() {
                     if s.sends.len() >= window || !more {
                         // Full window: wait for the oldest (a polling thread
-                        // may need this core, so wait parks).
-                        let (_, c) = wait_any(&mut s.ep, &[front], control)?;
-                        s.sends.pop_front();
-                        s.sent(c.into_send().map_err(|e| e.to_string())?);
+                        // may need this core, so wait parks), or in bibw for
+                        // the oldest receive, whose buffer goes to a new
+                        // receive at once: the wait finishes receives, and
+                        // with none posted the echo's messages would arrive
+                        // unexpected.
+                        let recv = s.posted.front().copied().filter(|_| bidir);
+                        let both = [front, recv.unwrap_or(front)];
+                        let reqs = if recv.is_some() {
+                            &both[..]
+                        } else {
+                            &both[..1]
+                        };
+                        let (k, c) = wait_any(&mut s.ep, reqs, control)?;
+                        if k == 0 {
+                            s.sends.pop_front();
+                            s.sent(c.into_send().map_err(|e| e.to_string())?);
+                        } else {
+                            s.posted.pop_front();
+                            let (b, info) = c.into_recv().map_err(|e| e.to_string())?;
+                            took(s, &mut got, warm, (gen, window), b.into(), info.msg_len);
+                        }
                     }
                 } else {
                     s.ep.progress();
@@ -1206,12 +1223,25 @@ fn take_stream(
     depth: usize,
 ) -> Result<(), String> {
     while let Some((b, len)) = s.recv_done()? {
-        s.free.push(b);
-        while s.posted.len() < depth && s.post(tag) {}
-        // Each timed as it is taken: a short stream may come in one batch.
-        got.note(dpdk_ffi::rdtsc(), 1, len, warmup);
+        took(s, got, warmup, (tag, depth), b, len);
     }
     Ok(())
+}
+
+/// Notes a stream message of `len` bytes taken at side `s`, and posts a
+/// receive (`post`: tag, and how many to keep posted) with its buffer `b`.
+fn took(
+    s: &mut crate::chans::EmxSide,
+    got: &mut Tally,
+    warmup: u64,
+    (tag, depth): (u64, usize),
+    b: crate::chans::Mem,
+    len: u64,
+) {
+    s.free.push(b);
+    while s.posted.len() < depth && s.post(tag) {}
+    // Each timed as it is taken: a short stream may come in one batch.
+    got.note(dpdk_ffi::rdtsc(), 1, len, warmup);
 }
 
 /// Frames of a raw message of `size` bytes, `per` bytes to a frame.
