@@ -88,9 +88,9 @@ pub struct Protocol {
 }
 
 /// The messages a stream's receiving side took, warm-up included, and how
-/// many of them arrived before their receive was posted (each waited in the
-/// unexpected store, copied in and out again). The bench keeps receives
-/// posted ahead of the sender's window, so that none should.
+/// many of them arrived before their receive was posted (an eager one waited
+/// in the unexpected store, copied in and out again). The bench keeps
+/// receives posted ahead of the sender's window, so that none should.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Arrivals {
     /// Messages received.

@@ -1229,7 +1229,7 @@ fn take_stream(
 }
 
 /// Notes a stream message of `len` bytes taken at side `s`, and posts a
-/// receive (`post`: tag, and how many to keep posted) with its buffer `b`.
+/// receive (tag `tag`, keeping `depth` posted) with its buffer `b`.
 fn took(
     s: &mut crate::chans::EmxSide,
     got: &mut Tally,
