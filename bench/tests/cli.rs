@@ -241,6 +241,9 @@ fn a_transport_named_twice_runs_once() {
 /// sides' count of those stays 0. (The echo posted only after taking every
 /// finished receive, and that loop goes on while messages keep coming: 5-28%
 /// of a 4 KiB stream's messages arrived unexpected, and were copied twice.)
+/// In bibw the pinger's engine is driven while it hands the echo its command,
+/// before it posts: the echo's first messages back may come then, a window
+/// (64 of 4 KiB) at most.
 #[test]
 fn stream_messages_find_their_receives_posted() {
     let out = Command::new(BIN)
@@ -267,7 +270,8 @@ fn stream_messages_find_their_receives_posted() {
         let emx = rows.iter().find(|r| r["transport"] == "emx").expect("emx");
         let a = &emx["protocol"]["arrivals"];
         assert!(f(a, "messages") >= 1000.0, "{test}: {a}");
-        assert_eq!(f(a, "unexpected"), 0.0, "{test}: {a}");
+        let most = if test == "bibw" { 64.0 } else { 0.0 };
+        assert!(f(a, "unexpected") <= most, "{test}: {a}");
     }
 }
 
