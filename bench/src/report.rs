@@ -779,7 +779,8 @@ mod tests {
     }
 
     /// Stream rows whose messages arrived unexpected get a line each; rows
-    /// with none, or not counted (latency, a polling thread), get nothing.
+    /// with none, or not counted (latency; bibw with a polling thread), get
+    /// nothing.
     #[test]
     fn unexpected_arrivals_are_listed() {
         use Test::*;

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpdk_ffi::{Burst, Eal, ExtMem, HugepageMode, Mbuf, Mempool, RxQueue, TxQueue};
-use emx::proto::{Addr, PeerStats};
+use emx::proto::{Addr, CoreStats, PeerStats};
 use emx::runtime::{Completed, Endpoint, ProgressMode, Request};
 use hdrhistogram::Histogram;
 
@@ -934,7 +934,7 @@ impl Session {
     ) -> Result<Stream, String> {
         self.open(t)?;
         // What this side received in bibw, and of it unexpected: counted
-        // where it progresses inline, as the echo side is (`None`: not
+        // where it progresses inline, as the echo side does (`None`: not
         // counted, nor then the stream's arrivals).
         let mut own = Some((0, 0));
         let mine = match t {
@@ -942,18 +942,11 @@ impl Session {
             Transport::Emx | Transport::EmxThread => {
                 let ep = usize::from(t == Transport::EmxThread);
                 let before = self.chans.side(ep).peer_stats()?;
-                let s = self.chans.side(ep);
-                let core =
-                    |s: &mut crate::chans::EmxSide| s.ep.core_stats().map_err(|e| e.to_string());
-                let at = if bidir && s.inline {
-                    Some(core(s)?)
-                } else {
-                    None
-                };
-                let got = self.emx_stream(ep, size, window, bidir, sends, pace)?;
+                let (got, at) = self.emx_stream(ep, size, window, bidir, sends, pace)?;
                 self.count_protocol(ep, &before)?;
                 if let Some(at) = at {
-                    let now = core(self.chans.side(ep))?;
+                    let now = self.chans.side(ep).ep.core_stats();
+                    let now = now.map_err(|e| e.to_string())?;
                     own = Some((
                         now.recvs_completed - at.recvs_completed,
                         now.unexpected - at.unexpected,
@@ -1070,7 +1063,7 @@ impl Session {
         bidir: bool,
         sends: SendBuffers,
         pace: Pace,
-    ) -> Result<(Stream, u64, u64), String> {
+    ) -> Result<(Received, Option<CoreStats>), String> {
         let gen = self.command(Cmd::EmxSink {
             ep,
             size,
@@ -1083,6 +1076,16 @@ impl Session {
         let control = &mut self.control;
         let s = self.chans.side(ep);
         s.stream_buffers(size, window, true, bidir, sends)?;
+        // In bibw, where this side progresses inline, its counters once its
+        // receives are posted: what came back while the echo took the
+        // command (this engine was driven meanwhile, with none posted) is
+        // left out of what it counts as unexpected.
+        let own_at = if bidir && s.inline {
+            while s.posted.len() < window && s.post(gen) {}
+            Some(s.ep.core_stats().map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
         let mut got = Tally::default();
         let end = Instant::now() + pace.warmup + pace.time;
         let mut n = 0u64;
@@ -1097,7 +1100,13 @@ impl Session {
                 while s.posted.len() < window && s.post(gen) {}
                 take_stream(s, &mut got, warm, gen, window)?;
             }
-            if s.sends_done()? == 0 {
+            let sent = s.sends_done()?;
+            if bidir {
+                // What the poll of its look at an unfinished send finished:
+                // posted again before the next poll.
+                take_stream(s, &mut got, warm, gen, window)?;
+            }
+            if sent == 0 {
                 if let Some(&front) = s.sends.front() {
                     if s.sends.len() >= window || !more {
                         // Full window: wait for the oldest (a polling thread
@@ -1158,7 +1167,7 @@ impl Session {
         }
         let control = &mut self.control;
         self.chans.side(ep).quiesce(&mut || control.check())?;
-        Ok(got.measured())
+        Ok((got.measured(), own_at))
     }
 
     /// Stops the echo side.
@@ -1243,6 +1252,10 @@ fn took(
     // Each timed as it is taken: a short stream may come in one batch.
     got.note(dpdk_ffi::rdtsc(), 1, len, warmup);
 }
+
+/// What one side of a stream received (see [`Tally::measured`]): the
+/// measured stream, and the TSC of its start and of its last arrival.
+type Received = (Stream, u64, u64);
 
 /// Frames of a raw message of `size` bytes, `per` bytes to a frame.
 fn raw_frames(size: usize, per: usize) -> u32 {
@@ -1538,6 +1551,13 @@ impl Echo {
                     s.ep.progress();
                     let before = tally.arrived;
                     take_stream(s, &mut tally, warm, gen, depth)?;
+                    if back {
+                        // Its look at an unfinished send polls: the receives
+                        // that poll finishes are taken, and posted again,
+                        // before the next poll.
+                        s.sends_done()?;
+                        take_stream(s, &mut tally, warm, gen, depth)?;
+                    }
                     if tally.arrived != before {
                         // Before `arrived` is published: once the pinger sees
                         // every message arrived, every count is final.
@@ -1547,7 +1567,6 @@ impl Echo {
                         }
                         self.ctl.publish(&tally);
                     }
-                    s.sends_done()?;
                     if back && s.sends.is_empty() && self.ctl.stop.load(Ordering::Acquire) {
                         self.ctl.back_done.store(true, Ordering::Release);
                     }

@@ -436,7 +436,7 @@ fn print_stats(s: &Stats) {
         );
         let m = &e.messages;
         println!(
-            "  messages: sent {}, received {} ({} unexpected, store high water {}), dropped before a peer {}",
+            "  messages: sent {}, received {}, arrived unexpected {} (store high water {}), dropped before a peer {}",
             m.sends_completed,
             m.recvs_completed,
             m.unexpected,

@@ -323,7 +323,8 @@ pub struct CoreConfig {
     ///
     /// The default, 256 KiB, keeps a lone message's pulls (`pull_inflight` of them)
     /// ahead of the send window at an MTU of 9000 as well as 1500: 29 jumbo frames a
-    /// block, 116 in flight. At 64 KiB (7 jumbo frames a block, 28 in flight) a lone
+    /// block, 116 asked for at once (the window caps what is in flight). At 64 KiB
+    /// (7 jumbo frames a block, 28 asked for) a lone
     /// message of 1 to 8 MiB crossed a memif pair at about half the rate a stream of
     /// them reached; at MTU 1500 (46 frames a block already) the block size made no
     /// difference.
