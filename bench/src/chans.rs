@@ -385,10 +385,10 @@ impl EmxSide {
         }
     }
 
-    /// Messages the endpoint has taken that arrived before their receive
-    /// was posted.
-    pub(crate) fn unexpected(&mut self) -> Result<u64, String> {
-        Ok(self.ep.core_stats().map_err(|e| e.to_string())?.unexpected)
+    /// The endpoint's own counters (its messages: completed, and those that
+    /// arrived before their receive was posted).
+    pub(crate) fn core_stats(&mut self) -> Result<emx::proto::CoreStats, String> {
+        self.ep.core_stats().map_err(|e| e.to_string())
     }
 
     /// The endpoint's protocol counters toward its peer.

@@ -376,6 +376,11 @@ pub fn human(size: usize) -> String {
 /// together per test and transport.
 const RESENT_LISTED: f64 = 0.01;
 
+/// A row as the lists under the tables name it: `Bandwidth emx 4K`.
+fn row_name(r: &Row) -> String {
+    format!("{:?} {} {}", r.test, r.transport.label(), human(r.size))
+}
+
 /// Writes the stream rows whose receiving side took messages that arrived
 /// unexpected, a line each.
 fn unexpected(o: &mut String, rows: &[Row]) {
@@ -396,10 +401,8 @@ fn unexpected(o: &mut String, rows: &[Row]) {
         }
         let _ = writeln!(
             o,
-            "  {:?} {} {}: {} of {} ({:.1}%)",
-            r.test,
-            r.transport.label(),
-            human(r.size),
+            "  {}: {} of {} ({:.1}%)",
+            row_name(r),
             a.unexpected,
             a.messages,
             100.0 * a.unexpected as f64 / a.messages.max(1) as f64
@@ -414,10 +417,8 @@ fn resent(o: &mut String, rows: &[Row]) {
     let line = |o: &mut String, r: &Row, p: &Protocol| {
         let _ = writeln!(
             o,
-            "  {:?} {} {}: {} of {} frames ({:.3}%)",
-            r.test,
-            r.transport.label(),
-            human(r.size),
+            "  {}: {} of {} frames ({:.3}%)",
+            row_name(r),
             p.retransmits,
             p.frames_sent,
             100.0 * share(p)

@@ -945,8 +945,7 @@ impl Session {
                 let (got, at) = self.emx_stream(ep, size, window, bidir, sends, pace)?;
                 self.count_protocol(ep, &before)?;
                 if let Some(at) = at {
-                    let now = self.chans.side(ep).ep.core_stats();
-                    let now = now.map_err(|e| e.to_string())?;
+                    let now = self.chans.side(ep).core_stats()?;
                     own = Some((
                         now.recvs_completed - at.recvs_completed,
                         now.unexpected - at.unexpected,
@@ -1082,7 +1081,7 @@ impl Session {
         // left out of what it counts as unexpected.
         let own_at = if bidir && s.inline {
             while s.posted.len() < window && s.post(gen) {}
-            Some(s.ep.core_stats().map_err(|e| e.to_string())?)
+            Some(s.core_stats()?)
         } else {
             None
         };
@@ -1436,8 +1435,7 @@ impl Echo {
                         let s = self.chans.side(ep);
                         s.stream_buffers(size, depth, back, true, sends)?;
                         if s.inline {
-                            let u = s.unexpected()?;
-                            unexpected_at = Some(u);
+                            unexpected_at = Some(s.core_stats()?.unexpected);
                             self.ctl.unexpected.store(0, Ordering::Relaxed);
                         }
                     }
@@ -1562,7 +1560,7 @@ impl Echo {
                         // Before `arrived` is published: once the pinger sees
                         // every message arrived, every count is final.
                         if let Some(at) = unexpected_at {
-                            let u = s.unexpected()?.saturating_sub(at);
+                            let u = s.core_stats()?.unexpected.saturating_sub(at);
                             self.ctl.unexpected.store(u, Ordering::Relaxed);
                         }
                         self.ctl.publish(&tally);

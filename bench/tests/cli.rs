@@ -27,9 +27,15 @@ const QUICK: [&str; 9] = [
 
 /// Runs emx-bench with `args` plus quick pacing; fails with its stderr.
 fn run(args: &[&str]) -> Output {
+    run_paced(args, &QUICK)
+}
+
+/// Runs emx-bench with `args` plus the pacing options `pace`; fails with its
+/// stderr.
+fn run_paced(args: &[&str], pace: &[&str]) -> Output {
     let out = Command::new(BIN)
         .args(args)
-        .args(QUICK)
+        .args(pace)
         .output()
         .expect("run emx-bench");
     assert!(
@@ -41,9 +47,14 @@ fn run(args: &[&str]) -> Output {
 }
 
 fn json(args: &[&str]) -> Value {
+    json_paced(args, &QUICK)
+}
+
+/// The JSON report of emx-bench run with `args` and the pacing options `pace`.
+fn json_paced(args: &[&str], pace: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.push("--json");
-    let out = run(&a);
+    let out = run_paced(&a, pace);
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
@@ -245,25 +256,29 @@ fn a_transport_named_twice_runs_once() {
 /// the receives its last poll finished not yet posted again.)
 #[test]
 fn stream_messages_find_their_receives_posted() {
-    let out = Command::new(BIN)
-        .args([
+    // Long enough a stream for the receiver to fall behind (QUICK's 40
+    // messages do not fill a window).
+    let r = json_paced(
+        &[
             "--test",
             "bandwidth,bibw,msgrate",
             "--sizes",
             "4K",
             "--transports",
             "raw,emx",
-        ])
-        .args(["--rounds", "1", "--iters", "100000", "--time-ms", "150"])
-        .args(["--warmup-ms", "2", "--quiet", "--json"])
-        .output()
-        .expect("run emx-bench");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &[
+            "--rounds",
+            "1",
+            "--iters",
+            "100000",
+            "--time-ms",
+            "150",
+            "--warmup-ms",
+            "2",
+            "--quiet",
+        ],
     );
-    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     for test in ["bandwidth", "bibw", "msgrate"] {
         let rows = check_rows(&r, test);
         let emx = rows.iter().find(|r| r["transport"] == "emx").expect("emx");
