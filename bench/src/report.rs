@@ -577,27 +577,19 @@ fn cell(r: &Row) -> String {
 /// A chart: its test, title, whether the y axis is logarithmic, and the value plotted.
 type Chart = (Test, &'static str, bool, fn(&Row) -> Option<f64>);
 
-/// An SVG with two charts side by side: latency p50 against size (log-log)
-/// and bandwidth against size (log x), one line per transport.
+/// A chart's points: transport, message size, value.
+type Points = Vec<(Transport, f64, f64)>;
+
+/// An SVG with a chart for each of latency p50 against size (log-log) and
+/// bandwidth against size (log x) that the report has rows for, side by side,
+/// one line per transport. A report with neither (msgrate, bibw alone) gets a
+/// line saying so.
 pub fn svg(report: &Report, transports: &[Transport]) -> String {
     const W: f64 = 560.0;
     const H: f64 = 380.0;
     let colors = [
         "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
     ];
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">"#,
-        2.0 * W,
-        H + 40.0
-    );
-    let _ = writeln!(
-        o,
-        r#"<text x="10" y="20" font-size="14">emx-bench: {} (MTU {})</text>"#,
-        xml(&report.link),
-        report.mtu
-    );
     let charts: [Chart; 2] = [
         (Test::Latency, "round trip p50 (us)", true, |r| {
             r.latency.as_ref().map(|l| l.p50_ns / 1e3)
@@ -606,16 +598,45 @@ pub fn svg(report: &Report, transports: &[Transport]) -> String {
             r.flow.as_ref().map(|f| f.gbit_s)
         }),
     ];
-    for (k, (test, label, log_y, value)) in charts.iter().enumerate() {
+    // Each chart with its points (transport, size, value); those with none
+    // are left out, rather than drawn as empty frames.
+    let charts: Vec<(&Chart, Points)> = charts
+        .iter()
+        .map(|c| {
+            let (test, _, _, value) = c;
+            let pts = report
+                .rows
+                .iter()
+                .filter(|r| r.test == *test)
+                .filter_map(|r| value(r).map(|v| (r.transport, r.size.max(1) as f64, v)))
+                .filter(|p| p.2 > 0.0 && p.2.is_finite())
+                .collect();
+            (c, pts)
+        })
+        .filter(|(_, pts): &(_, Points)| !pts.is_empty())
+        .collect();
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">"#,
+        charts.len().max(1) as f64 * W,
+        H + 40.0
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="10" y="20" font-size="14">emx-bench: {} (MTU {})</text>"#,
+        xml(&report.link),
+        report.mtu
+    );
+    if charts.is_empty() {
+        let _ = writeln!(
+            o,
+            r#"<text x="10" y="60">no latency or bandwidth rows to plot (run --test latency or bandwidth)</text>"#
+        );
+    }
+    for (k, ((_, label, log_y, _), pts)) in charts.iter().enumerate() {
         let x0 = k as f64 * W + 60.0;
         let (pw, ph, y0) = (W - 90.0, H - 70.0, 40.0);
-        let pts: Vec<(Transport, f64, f64)> = report
-            .rows
-            .iter()
-            .filter(|r| r.test == *test)
-            .filter_map(|r| value(r).map(|v| (r.transport, r.size.max(1) as f64, v)))
-            .filter(|p| p.2 > 0.0 && p.2.is_finite())
-            .collect();
         let _ = writeln!(
             o,
             r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##
@@ -632,9 +653,6 @@ pub fn svg(report: &Report, transports: &[Transport]) -> String {
             x0 + pw / 2.0,
             y0 + ph + 34.0
         );
-        if pts.is_empty() {
-            continue;
-        }
         let lx = |x: f64| x.log2();
         let (xmin, xmax) = pts.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |a, p| {
             (a.0.min(lx(p.1)), a.1.max(lx(p.1)))
@@ -777,6 +795,59 @@ mod tests {
         let mut o = String::new();
         resent(&mut o, &[row(Latency, Emx, 8, 0, 90_000)]);
         assert_eq!(o, "", "nothing sent again, nothing said");
+    }
+
+    /// The plot draws a chart for each of latency and bandwidth the report
+    /// has rows for, and says so when it has neither: a latency run used to
+    /// get an empty bandwidth frame beside its chart.
+    #[test]
+    fn the_plot_draws_the_charts_it_has_rows_for() {
+        use Test::*;
+        use Transport::*;
+        let lat = |t, size, p50_ns| Row {
+            latency: Some(super::Latency {
+                p50_ns,
+                p90_ns: p50_ns,
+                p99_ns: p50_ns,
+                p999_ns: p50_ns,
+                max_ns: p50_ns,
+                count: 1,
+                p50_min_ns: p50_ns,
+                p50_max_ns: p50_ns,
+                rounds_p50_ns: vec![p50_ns],
+            }),
+            ..row(Latency, t, size, 0, 1)
+        };
+        let report = |rows| Report {
+            link: "memif pair".into(),
+            hugepages: false,
+            mtu: 9000,
+            cpus: 2,
+            rounds: 1,
+            send_buffers: SendBuffers::Multiple,
+            rows,
+            skipped: vec![],
+            notes: vec![],
+        };
+        let chart = svg(
+            &report(vec![
+                lat(Raw, 8, 500.0),
+                lat(Emx, 8, 900.0),
+                lat(Emx, 64, 950.0),
+            ]),
+            &[Raw, Emx],
+        );
+        assert!(chart.contains(r#"width="560""#), "one chart wide: {chart}");
+        assert!(chart.contains("round trip p50"));
+        assert!(!chart.contains("bandwidth"), "no empty bandwidth chart");
+        assert_eq!(
+            chart.matches("<polyline").count(),
+            2,
+            "a line per transport"
+        );
+        let chart = svg(&report(vec![row(Msgrate, Emx, 8, 0, 1)]), &[Emx]);
+        assert!(chart.contains("no latency or bandwidth rows to plot"));
+        assert!(!chart.contains("<polyline") && !chart.contains("<rect"));
     }
 
     /// Stream rows whose messages arrived unexpected get a line each; rows
