@@ -46,7 +46,7 @@ use super::peer::Peer;
 use super::slab::{id_map, FreeList, IdMap, Links, List, MinTree, NIL};
 use super::stats::{CoreStats, PeerInfo, PeerStats};
 use super::{
-    Addr, ChecksumMode, ConfigError, CoreConfig, PeerError, PeerId, RecvError, Rejected,
+    Addr, ChecksumMode, ConfigError, CoreConfig, Now, PeerError, PeerId, RecvError, Rejected,
     RequestError, RequestId, SendError, Time,
 };
 use super::{CoreOnly, RecvBuffer};
@@ -719,9 +719,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// sent by reference into it) until the send completes, which happens once the
     /// receiver acknowledged every byte; it comes back in a [`Completion::Send`].
     /// Messages up to `eager_threshold` go eager, longer ones by rendezvous.
+    /// `now` is read only when the send starts `dst`'s monitoring (see [`Now`]).
     pub fn send(
         &mut self,
-        now: Time,
+        now: impl Now,
         dst: Addr,
         match_bits: u64,
         buf: S,
@@ -814,10 +815,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// equal `match_bits` where `mask` has ones. If an unexpected message matches, it is
     /// taken at once (the oldest first); otherwise the receive waits, behind the
     /// receives posted before it. A message longer than `buf` completes with
-    /// `truncated` set and its real length.
+    /// `truncated` set and its real length. `now` is read only when the
+    /// receive starts `src`'s monitoring or takes an unexpected message (see
+    /// [`Now`]).
     pub fn post_recv(
         &mut self,
-        now: Time,
+        mut now: impl Now,
         src: Option<Addr>,
         match_bits: u64,
         mask: u64,
@@ -875,7 +878,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let gen = slot.gen;
         if src_peer != NO_PEER {
             self.recvs[r as usize].inv_peer = src_peer;
-            self.engage(src_peer, now);
+            self.engage(src_peer, &mut now);
         }
         // The oldest matching unexpected message, if any.
         let mut m = self.unexpected.head;
@@ -890,7 +893,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         if m != NIL {
             self.msg_links.remove(&mut self.unexpected, m);
-            self.bind(now, m, r);
+            self.bind(now.now(), m, r);
         } else {
             self.recv_links.push_back(&mut self.posted, r);
         }
@@ -2829,5 +2832,69 @@ mod tests {
                 Some(Completion::Recv(RecvDone { req, .. })) if req == c
             ));
         }
+    }
+
+    /// A request toward a peer that is monitored already, in a session, reads
+    /// no time: the runtime's clock costs about as much as the rest of such a
+    /// request. The first request toward a peer starts its monitoring, and a
+    /// receive that takes an unexpected message returns credit: those read it,
+    /// once each.
+    #[test]
+    fn requests_to_a_monitored_peer_read_no_time() {
+        struct Counted(Time, u32);
+        impl Now for Counted {
+            fn now(&mut self) -> Time {
+                self.1 += 1;
+                self.0
+            }
+        }
+        let mut sim: Sim<Vec<u8>, Vec<u8>> = Sim::new(LinkConfig::default());
+        for i in 0..2u16 {
+            let mut c =
+                Core::new(CoreConfig::default(), addr(i), mac(i as u8), 1, Time::ZERO).unwrap();
+            c.add_peer(addr(1 - i), mac(1 - i as u8)).unwrap();
+            sim.add_core(c);
+        }
+        let mut clock = Counted(sim.now(), 0);
+        // Core 1 posts toward an unmonitored peer: read once.
+        let first = sim
+            .core(1)
+            .post_recv(&mut clock, Some(addr(0)), 1, !0, vec![0; 8], 0)
+            .unwrap();
+        assert_eq!(clock.1, 1, "the first request reads the time");
+        // A message from core 0 opens the session.
+        let now = sim.now();
+        sim.core(0).send(now, addr(1), 1, vec![1; 8], 0).unwrap();
+        assert!(sim.run_until(Time::from_micros(100_000), |sim| {
+            matches!(sim.core(1).poll_completion(), Some(Completion::Recv(d)) if d.req == first)
+        }));
+        // A receive posted while another is: monitored, in session.
+        let mut clock = Counted(sim.now(), 0);
+        let held = sim
+            .core(1)
+            .post_recv(&mut clock, Some(addr(0)), 2, !0, vec![0; 8], 0)
+            .unwrap();
+        let before = clock.1;
+        sim.core(1)
+            .post_recv(&mut clock, Some(addr(0)), 3, !0, vec![0; 8], 0)
+            .unwrap();
+        sim.core(1)
+            .send(&mut clock, addr(0), 4, vec![2; 8], 0)
+            .unwrap();
+        assert_eq!(clock.1, before, "no time read toward a monitored peer");
+        // An unexpected message taken at the post returns credit: read once.
+        let now = sim.now();
+        sim.core(0).send(now, addr(1), 5, vec![3; 8], 0).unwrap();
+        assert!(
+            sim.run_until(sim.now() + std::time::Duration::from_millis(10), |sim| {
+                sim.core_ref(1).stats().unexpected > 0
+            })
+        );
+        let mut clock = Counted(sim.now(), 0);
+        sim.core(1)
+            .post_recv(&mut clock, Some(addr(0)), 5, !0, vec![0; 8], 0)
+            .unwrap();
+        assert_eq!(clock.1, 1, "a receive that takes a message reads the time");
+        assert!(sim.core(1).cancel(held));
     }
 }

@@ -162,6 +162,34 @@ impl Time {
     }
 }
 
+/// The time, for an entry point that needs it only sometimes: a [`Time`]
+/// already read, or a source that reads its clock when first asked (a
+/// runtime's), so that a call which needs no time reads no clock. A send to a
+/// peer that is already monitored, or a receive posted while one is, needs
+/// none; reading the time-stamp counter costs 10-20 ns, as much as the rest
+/// of the core's work on such a request.
+///
+/// A source gives one value however often it is asked within one entry
+/// point, and values no earlier than the times the core was given before.
+pub trait Now {
+    /// The time.
+    fn now(&mut self) -> Time;
+}
+
+impl Now for Time {
+    #[inline]
+    fn now(&mut self) -> Time {
+        *self
+    }
+}
+
+impl<N: Now + ?Sized> Now for &mut N {
+    #[inline]
+    fn now(&mut self) -> Time {
+        (**self).now()
+    }
+}
+
 impl fmt::Debug for Time {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if *self == Time::NEVER {

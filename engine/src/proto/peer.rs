@@ -13,7 +13,7 @@ use super::slab::{List, NIL};
 use super::stats::PeerStats;
 use super::RecvBuffer;
 use super::RequestError;
-use super::{Addr, Time};
+use super::{Addr, Now, Time};
 use crate::wire::MacAddr;
 use core::cell::Cell;
 use core::time::Duration;
@@ -213,14 +213,15 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Counts one more request that involves peer `p` (its silence now matters).
     // Always inlined: the common case is two loads and an add, on every send.
     #[inline(always)]
-    pub(crate) fn engage(&mut self, p: u16, now: Time) {
+    pub(crate) fn engage(&mut self, p: u16, mut now: impl Now) {
         let peer = &mut self.peers[p as usize];
         if peer.involved > 0 && peer.epoch != 0 {
-            // Monitored already and in session: one more request changes no deadline.
+            // Monitored already and in session: one more request changes no
+            // deadline (and needs no time).
             peer.involved += 1;
             return;
         }
-        self.engage_first(p, now);
+        self.engage_first(p, now.now());
     }
 
     /// [`engage`](Self::engage) when the peer may start being monitored or need a HELLO.

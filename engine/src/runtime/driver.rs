@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use crate::io::{Frame, IoStats, Lent, PacketIo};
-use crate::proto::{Completion, Core, RequestId, Time};
+use crate::proto::{Completion, Core, Now, RequestId, Time};
 use crate::wire::FRAME_HEADER_LEN;
 
 use super::buffer::{RecvBuf, SendBuf};
@@ -84,6 +84,27 @@ impl Clock {
 impl Default for Clock {
     fn default() -> Self {
         Clock::new()
+    }
+}
+
+/// The time of one request, read from a [`Clock`] only if the core asks for
+/// it (see [`Now`]): most sends and receives need none.
+pub struct LazyNow<'a> {
+    clock: &'a Clock,
+    at: Option<Time>,
+}
+
+impl<'a> LazyNow<'a> {
+    /// A time not read yet.
+    pub fn new(clock: &'a Clock) -> LazyNow<'a> {
+        LazyNow { clock, at: None }
+    }
+}
+
+impl Now for LazyNow<'_> {
+    #[inline]
+    fn now(&mut self) -> Time {
+        *self.at.get_or_insert_with(|| self.clock.now())
     }
 }
 

@@ -54,12 +54,12 @@ use serde::Deserialize;
 
 use crate::io::{IoStats, PacketIo};
 use crate::proto::{
-    Addr, Completion, Core, CoreConfig, CoreStats, MacAddr, PeerStats, ProbeInfo, RecvError,
+    Addr, Completion, Core, CoreConfig, CoreStats, MacAddr, Now, PeerStats, ProbeInfo, RecvError,
     SendError,
 };
 
 use super::buffer::{RecvBuf, SendBuf};
-use super::driver::{Clock, Driver, Progress, BURST};
+use super::driver::{Clock, Driver, LazyNow, Progress, BURST};
 use super::request::{request_of, Buf, Completed, CoreCompletion, Request, Requests};
 use super::Error;
 
@@ -1452,7 +1452,7 @@ impl Endpoint {
         buf: B,
         to_core: impl FnOnce(
             &mut Core<SendBuf, RecvBuf>,
-            crate::proto::Time,
+            &mut LazyNow<'_>,
             B,
             u64,
         ) -> Result<crate::proto::RequestId, (Error, B)>,
@@ -1475,9 +1475,10 @@ impl Endpoint {
         };
         let taken = match &mut self.mode {
             Mode::Inline(d) => {
-                let now = self.clock.now();
+                // Read only if the core or the flush below needs it.
+                let mut now = LazyNow::new(&self.clock);
                 let core = d.core(0);
-                match to_core(&mut *core, now, buf, req.0) {
+                match to_core(&mut *core, &mut now, buf, req.0) {
                     Ok(id) => {
                         // A message with nothing ahead of it and nothing in
                         // flight leaves now, not at the next progress call:
@@ -1485,7 +1486,7 @@ impl Endpoint {
                         // Others wait for that call and leave together
                         // (packed).
                         if !id.is_recv() && core.send_goes_alone(id) {
-                            d.flush(now);
+                            d.flush(now.now());
                         }
                         Ok(Some(id))
                     }
