@@ -97,6 +97,13 @@ pub struct Arrivals {
     pub messages: u64,
     /// Of those, arrived unexpected.
     pub unexpected: u64,
+    /// Of `messages`, those the echo side received: all of them but in
+    /// bibw, where the rest are the pinger's.
+    pub echo_side: u64,
+    /// The fewest messages a receiving side took in one round (in bibw,
+    /// either side): a direction that stalled for a round shows as about a
+    /// window's worth.
+    pub fewest: u64,
 }
 
 impl Protocol {
@@ -131,6 +138,8 @@ impl Protocol {
             (Some(a), Some(b)) => Some(Arrivals {
                 messages: a.messages + b.messages,
                 unexpected: a.unexpected + b.unexpected,
+                echo_side: a.echo_side + b.echo_side,
+                fewest: a.fewest.min(b.fewest),
             }),
             (a, b) => a.or(b),
         };
@@ -862,6 +871,8 @@ mod tests {
             r.protocol.as_mut().unwrap().arrivals = Some(Arrivals {
                 messages,
                 unexpected,
+                echo_side: messages,
+                fewest: messages,
             });
             r
         };

@@ -775,6 +775,52 @@ fn two_processes_survive_each_others_death() {
     orphan(&mut client, &mut server, Duration::from_secs(5), &[gone]);
 }
 
+/// In bibw both directions run for the whole of every round. Between two
+/// processes at 8 B, a pinger whose echo sent faster than it took its
+/// messages used to stay in the loop that takes them for the rest of a round,
+/// once every receive it posted found a message waiting: it had sent one
+/// window (the echo side got 64 messages of 160,000-340,000), in a round of
+/// two in 4 of 12 runs of `--rounds 2`. Six rounds here: without the bound on
+/// that loop, this test failed in 5 of 6 runs; with it, in none of 6.
+#[test]
+fn bibw_runs_both_ways_between_two_processes() {
+    let sock = format!("/tmp/emx-bench-bibw-{}.sock", std::process::id());
+    let addr = format!("127.0.0.1:{}", 20_000 + (std::process::id() + 13) % 20_000);
+    let link = ["--link", "memif", "--socket", &sock];
+    let mut server = Command::new(BIN)
+        .args(link)
+        .args(["--role", "server", "--listen", &addr, "--once"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = Log::of(&mut server);
+    let mut args = link.to_vec();
+    args.extend(["--role", "client", "--server", &addr]);
+    args.extend(["--test", "bibw", "--sizes", "8", "--transports", "raw,emx"]);
+    let r = json_paced(
+        &args,
+        &[
+            "--rounds",
+            "6",
+            "--time-ms",
+            "100",
+            "--warmup-ms",
+            "2",
+            "--quiet",
+        ],
+    );
+    let status = server.wait().unwrap();
+    assert!(status.success(), "server: {:#?}", log.seen);
+    log.expect(1, " connected");
+    let rows = check_rows(&r, "bibw");
+    let emx = rows.iter().find(|r| r["transport"] == "emx").expect("emx");
+    let a = &emx["protocol"]["arrivals"];
+    // A round carries 50,000 messages or more each way; a stalled direction
+    // carried about a window's worth (64).
+    assert!(f(a, "fewest") >= 1000.0, "a direction stalled: {a}");
+}
+
 /// `--link devargs` takes any port DPDK probes; memif ones stand in for a NIC
 /// here. Its one queue pair is shared: every transport takes its turn on it.
 #[test]
