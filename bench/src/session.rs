@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpdk_ffi::{Burst, Eal, ExtMem, HugepageMode, Mbuf, Mempool, RxQueue, TxQueue};
-use emx::proto::{Addr, CoreStats, PeerStats};
+use emx::proto::{Addr, PeerStats};
 use emx::runtime::{Completed, Endpoint, ProgressMode, Request};
 use hdrhistogram::Histogram;
 
@@ -946,7 +946,7 @@ impl Session {
                 self.count_protocol(ep, &before)?;
                 if let Some((at, took)) = at {
                     let now = self.chans.side(ep).core_stats()?;
-                    own = Some((took, now.unexpected - at.unexpected));
+                    own = Some((took, now.unexpected - at));
                 } else if bidir {
                     own = None;
                 }
@@ -1065,7 +1065,7 @@ impl Session {
         bidir: bool,
         sends: SendBuffers,
         pace: Pace,
-    ) -> Result<(Received, Option<(CoreStats, u64)>), String> {
+    ) -> Result<(Received, Option<(u64, u64)>), String> {
         let gen = self.command(Cmd::EmxSink {
             ep,
             size,
@@ -1084,7 +1084,7 @@ impl Session {
         // left out of what it counts as unexpected.
         let own_at = if bidir && s.inline {
             while s.posted.len() < window && s.post(gen) {}
-            Some(s.core_stats()?)
+            Some(s.core_stats()?.unexpected)
         } else {
             None
         };
@@ -1171,7 +1171,7 @@ impl Session {
         self.chans.side(ep).quiesce(&mut || control.check())?;
         // Its own arrivals: every message it took (those its first receives
         // found waiting included, which its measured span may count), and
-        // its counters from once its receives were posted.
+        // its unexpected count when its receives were posted.
         Ok((got.measured(), own_at.map(|at| (at, got.arrived))))
     }
 
