@@ -81,6 +81,12 @@ pub struct Protocol {
     pub credit_stalls: u64,
     /// Messages sent packed several to a frame.
     pub msgs_packed: u64,
+    /// Of the frames this side sent, those the other side received twice
+    /// (`None` where its echo does not count them). A frame sent again that
+    /// also arrived the first time was not lost: its timeout ran out while a
+    /// thread was off its CPU, or the acknowledgement was late.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub echo_duplicates: Option<u64>,
     /// Streams with inline progress on the receiving side: what it received
     /// (the echo side's messages; both sides' in bibw).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -120,6 +126,7 @@ impl Protocol {
             window_stalls: d(before.window_stalls, after.window_stalls),
             credit_stalls: d(before.credit_stalls, after.credit_stalls),
             msgs_packed: d(before.msgs_packed, after.msgs_packed),
+            echo_duplicates: None,
             arrivals: None,
         }
     }
@@ -134,6 +141,10 @@ impl Protocol {
         self.window_stalls += o.window_stalls;
         self.credit_stalls += o.credit_stalls;
         self.msgs_packed += o.msgs_packed;
+        self.echo_duplicates = match (self.echo_duplicates, o.echo_duplicates) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
         self.arrivals = match (self.arrivals, o.arrivals) {
             (Some(a), Some(b)) => Some(Arrivals {
                 messages: a.messages + b.messages,
@@ -217,8 +228,8 @@ impl Collector {
     pub fn count(&mut self, test: Test, t: Transport, size: usize, p: &Protocol) {
         self.protocol
             .entry((test, size, tkey(t)))
-            .or_default()
-            .add(p);
+            .and_modify(|a| a.add(p))
+            .or_insert(*p);
     }
 
     /// Aggregates into rows.
@@ -419,18 +430,32 @@ fn unexpected(o: &mut String, rows: &[Row]) {
     }
 }
 
+/// What became of `resent` frames sent again, of which the receiving side
+/// got `twice` twice (`None`: not counted): `; all arrived twice`.
+fn arrived_twice(resent: u64, twice: Option<u64>) -> String {
+    match twice {
+        None => String::new(),
+        Some(0) => "; none arrived twice".into(),
+        Some(_) if resent == 1 => "; it arrived twice".into(),
+        Some(d) if d >= resent => "; all arrived twice".into(),
+        Some(d) => format!("; {d} of them arrived twice"),
+    }
+}
+
 /// Writes where emx sent frames again: rows that resent a notable share on a
-/// line each, the others summed up per test and transport.
+/// line each, the others summed up per test and transport, with how many of
+/// them the receiving side got twice (not lost: sent again too soon).
 fn resent(o: &mut String, rows: &[Row]) {
     let share = |p: &Protocol| p.retransmits as f64 / p.frames_sent.max(1) as f64;
     let line = |o: &mut String, r: &Row, p: &Protocol| {
         let _ = writeln!(
             o,
-            "  {}: {} of {} frames ({:.3}%)",
+            "  {}: {} of {} frames ({:.3}%){}",
             row_name(r),
             p.retransmits,
             p.frames_sent,
-            100.0 * share(p)
+            100.0 * share(p),
+            arrived_twice(p.retransmits, p.echo_duplicates)
         );
     };
     // Per test and transport, in the order of the rows: how many sizes, and
@@ -457,6 +482,10 @@ fn resent(o: &mut String, rows: &[Row]) {
         return;
     }
     let _ = writeln!(o, "\nframes sent again (emx, measuring side):");
+    let any_twice = groups
+        .iter()
+        .flat_map(|g| &g.2)
+        .any(|(_, p)| p.echo_duplicates.is_some_and(|d| d > 0));
     for ((test, transport), sizes, g) in groups {
         let (listed, few): (Vec<_>, Vec<_>) =
             g.into_iter().partition(|(_, p)| share(p) >= RESENT_LISTED);
@@ -469,18 +498,31 @@ fn resent(o: &mut String, rows: &[Row]) {
             _ => {
                 let counts = || few.iter().map(|(_, p)| p.retransmits);
                 let most = few.iter().map(|(_, p)| share(p)).fold(0.0, f64::max);
+                let twice = few
+                    .iter()
+                    .map(|(_, p)| p.echo_duplicates.map(|d| d.min(p.retransmits)))
+                    .sum::<Option<u64>>();
                 let _ = writeln!(
                     o,
-                    "  {test:?} {}: {}-{} frames at {} of {} sizes (at most {:.3}% of a size's frames)",
+                    "  {test:?} {}: {}-{} frames at {} of {} sizes (at most {:.3}% of a size's frames){}",
                     transport.label(),
                     counts().min().expect("two or more"),
                     counts().max().expect("two or more"),
                     few.len(),
                     sizes,
-                    100.0 * most
+                    100.0 * most,
+                    arrived_twice(counts().sum(), twice)
                 );
             }
         }
+    }
+    if any_twice {
+        let _ = writeln!(
+            o,
+            "  (a frame that arrived twice was not lost: it was sent again when its \
+             retransmission timeout, `[protocol] rto_min` at least, ran out while a thread \
+             was off its CPU or its acknowledgement was on the way)"
+        );
     }
 }
 
@@ -804,6 +846,55 @@ mod tests {
         let mut o = String::new();
         resent(&mut o, &[row(Latency, Emx, 8, 0, 90_000)]);
         assert_eq!(o, "", "nothing sent again, nothing said");
+    }
+
+    /// Where the echo counted the frames it got twice, each line says how
+    /// many of those sent again were not lost, and a note says what that means.
+    #[test]
+    fn frames_sent_again_say_how_many_arrived_twice() {
+        use Test::*;
+        use Transport::*;
+        let twice = |mut r: Row, d| {
+            r.protocol.as_mut().expect("a protocol").echo_duplicates = Some(d);
+            r
+        };
+        let mut o = String::new();
+        resent(
+            &mut o,
+            &[
+                twice(row(Latency, Emx, 8, 1, 90_000), 1),
+                twice(row(Latency, Emx, 32, 5, 80_000), 5),
+                twice(row(Latency, EmxThread, 8, 3, 90_000), 2),
+                twice(row(Latency, EmxThread, 16, 4, 90_000), 2),
+                twice(row(Bandwidth, Emx, 1 << 20, 812, 20_000), 0),
+                row(Bandwidth, Emx, 8 << 20, 3, 300_000),
+            ],
+        );
+        assert_eq!(
+            o,
+            "\nframes sent again (emx, measuring side):\n\
+             \x20 Latency emx: 1-5 frames at 2 of 2 sizes (at most 0.006% of a size's frames); all arrived twice\n\
+             \x20 Latency emx-thread: 3-4 frames at 2 of 2 sizes (at most 0.004% of a size's frames); 4 of them arrived twice\n\
+             \x20 Bandwidth emx 1M: 812 of 20000 frames (4.060%); none arrived twice\n\
+             \x20 Bandwidth emx 8M: 3 of 300000 frames (0.001%)\n\
+             \x20 (a frame that arrived twice was not lost: it was sent again when its \
+             retransmission timeout, `[protocol] rto_min` at least, ran out while a thread \
+             was off its CPU or its acknowledgement was on the way)\n"
+        );
+        // Summed over rounds, a round not counted leaves the row not counted.
+        let mut c = Collector::default();
+        let p = |d| Protocol {
+            retransmits: 1,
+            echo_duplicates: d,
+            ..Protocol::default()
+        };
+        c.count(Latency, Emx, 8, &p(Some(1)));
+        c.count(Latency, Emx, 8, &p(Some(1)));
+        c.count(Latency, Emx, 16, &p(Some(1)));
+        c.count(Latency, Emx, 16, &p(None));
+        let sum = |size| c.protocol[&(Latency, size, tkey(Emx))];
+        assert_eq!((sum(8).retransmits, sum(8).echo_duplicates), (2, Some(2)));
+        assert_eq!(sum(16).echo_duplicates, None);
     }
 
     /// The plot draws a chart for each of latency and bandwidth the report

@@ -71,6 +71,11 @@ impl Transport {
             Transport::Tcp => "tcp",
         }
     }
+
+    /// Whether it is emx (inline or threaded).
+    pub fn is_emx(self) -> bool {
+        matches!(self, Transport::Emx | Transport::EmxThread)
+    }
 }
 
 /// Where a stream's sends take their data from.
@@ -244,6 +249,12 @@ pub(crate) struct Counters {
     /// receive was posted (inline progress only: `None` otherwise).
     #[serde(default)]
     pub unexpected: Option<u64>,
+    /// Reliable frames from the pinger that the echo side received twice in
+    /// its last emx command, published when it switched to the present one
+    /// (`None` when that command was not an emx one). A frame the pinger sent
+    /// again that also arrived the first time was not lost.
+    #[serde(default)]
+    pub duplicates: Option<u64>,
 }
 
 /// The control block shared with the echo thread.
@@ -269,6 +280,8 @@ pub(crate) struct Ctl {
     /// Of the emx messages that arrived in this command, those that came
     /// before their receive was posted (`NOT_COUNTED`: not counted).
     unexpected: AtomicU64,
+    /// See [`Counters::duplicates`] (`NOT_COUNTED`: none).
+    duplicates: AtomicU64,
 }
 
 /// [`Ctl::unexpected`] for a stream whose receiving side is not counted.
@@ -289,6 +302,7 @@ impl Ctl {
             sent_back: AtomicU64::new(0),
             back_done: AtomicBool::new(false),
             unexpected: AtomicU64::new(NOT_COUNTED),
+            duplicates: AtomicU64::new(NOT_COUNTED),
         })
     }
 
@@ -323,6 +337,7 @@ impl Ctl {
             sent_back: self.sent_back.load(Ordering::Acquire),
             back_done: self.back_done.load(Ordering::Acquire),
             unexpected: Some(self.unexpected.load(Ordering::Acquire)).filter(|&u| u != NOT_COUNTED),
+            duplicates: Some(self.duplicates.load(Ordering::Acquire)).filter(|&d| d != NOT_COUNTED),
         }
     }
 
@@ -804,7 +819,21 @@ impl Session {
             }
         }
         self.command(Cmd::Idle)?;
+        if t.is_emx() {
+            self.count_echo_duplicates()?;
+        }
         Ok(hist)
+    }
+
+    /// Adds to the last emx measurement's counters the pinger's frames that
+    /// its echo received twice, which the echo publishes as it leaves the
+    /// command (call after the switch to the next).
+    fn count_echo_duplicates(&mut self) -> Result<(), String> {
+        let d = self.counters()?.duplicates;
+        if let Some(p) = self.protocol.as_mut() {
+            p.echo_duplicates = d;
+        }
+        Ok(())
     }
 
     fn count_protocol(&mut self, ep: usize, before: &PeerStats) -> Result<(), String> {
@@ -975,6 +1004,9 @@ impl Session {
             secs: (c.last_ns - c.first_ns).max(0.0) / 1e9,
         };
         self.command(Cmd::Idle)?;
+        if t.is_emx() {
+            self.count_echo_duplicates()?;
+        }
         if !bidir {
             return Ok(theirs);
         }
@@ -1384,6 +1416,8 @@ impl Echo {
         // A stream's receiving side, counted (inline): its endpoint's
         // unexpected arrivals when the stream started.
         let mut unexpected_at: Option<u64> = None;
+        // An emx command's side and its duplicates when the command started.
+        let mut duplicates_at: Option<(usize, u64)> = None;
         loop {
             let g = self.ctl.gen.load(Ordering::Acquire);
             if g != seen {
@@ -1407,6 +1441,12 @@ impl Echo {
                         }
                     }
                 }
+                // Counted once the previous command's frames have all come
+                // in (the quiesce above), before a close takes its engine.
+                let duplicates = duplicates_at.take().map_or(NOT_COUNTED, |(ep, at)| {
+                    let now = self.chans.side(ep).peer_stats();
+                    now.map_or(NOT_COUNTED, |s| s.duplicates.saturating_sub(at))
+                });
                 seen = g;
                 gen = g;
                 cmd = next;
@@ -1431,6 +1471,7 @@ impl Echo {
                 self.ctl.back_done.store(false, Ordering::Relaxed);
                 self.ctl.stop.store(false, Ordering::Relaxed);
                 self.ctl.unexpected.store(NOT_COUNTED, Ordering::Relaxed);
+                self.ctl.duplicates.store(duplicates, Ordering::Relaxed);
                 unexpected_at = None;
                 match cmd {
                     Cmd::Close => {
@@ -1460,6 +1501,9 @@ impl Echo {
                         }
                     }
                     _ => {}
+                }
+                if let Cmd::EmxPong { ep, .. } | Cmd::EmxSink { ep, .. } = cmd {
+                    duplicates_at = Some((ep, self.chans.side(ep).peer_stats()?.duplicates));
                 }
                 self.ctl.running.store(g, Ordering::Release);
             }

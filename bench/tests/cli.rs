@@ -110,6 +110,9 @@ fn check_rows(report: &Value, test: &str) -> Vec<Value> {
             let (sent, got) = (f(p, "frames_sent"), f(p, "frames_received"));
             assert!(sent > 0.0 && got > 0.0, "{r}");
             assert!(f(p, "retransmits") <= sent, "{r}");
+            // The echo side counts the frames it got twice, which tells a
+            // frame sent again too soon from a lost one.
+            assert!(f(p, "echo_duplicates") >= 0.0, "{r}");
             if test == "bandwidth" {
                 // Every message the receiver counted went out in whole
                 // frames (payload at most the MTU each), warm-up besides.
