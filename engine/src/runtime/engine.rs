@@ -962,7 +962,7 @@ fn poll_thread(
     let _reg = match driver.enter_thread() {
         Ok(r) => r,
         Err(e) => {
-            let _ = ready.send(Err(Error::Io(e)));
+            let _ = ready.send(Err(e.into()));
             return;
         }
     };

@@ -81,9 +81,11 @@ pub enum Error {
     /// A peer could not be added.
     #[error("cannot add peer: {0}")]
     Peer(PeerError),
-    /// The link failed.
+    /// The link failed. (Boxed, as the pool's error below: an `IoError` is
+    /// several times the size of the other variants, and every `Result` of
+    /// the API, completions included, would carry its size.)
     #[error(transparent)]
-    Io(#[from] crate::io::IoError),
+    Io(Box<crate::io::IoError>),
     /// The EAL has no memory for the port's mbuf pool (too few free
     /// hugepages, or with `--no-huge` too small a `memory_mb`). Other
     /// failures to make the pool are [`Error::Io`].
@@ -103,7 +105,7 @@ pub enum Error {
         hugepages: bool,
         /// What DPDK said.
         #[source]
-        source: crate::io::IoError,
+        source: Box<crate::io::IoError>,
     },
     /// The polling thread could not start or died. When it died, the
     /// requests it held and their buffers are lost.
@@ -115,6 +117,18 @@ pub enum Error {
 /// its memory from the free hugepages as it goes (its `memory_mb` is only
 /// what `auto` and `require` look for at start), with `--no-huge` from the
 /// `memory_mb` it was given.
+impl From<crate::io::IoError> for Error {
+    fn from(e: crate::io::IoError) -> Error {
+        Error::Io(Box::new(e))
+    }
+}
+
+impl From<dpdk_ffi::Error> for Error {
+    fn from(e: dpdk_ffi::Error) -> Error {
+        crate::io::IoError::from(e).into()
+    }
+}
+
 fn pool_fix(hugepages: bool, mib: u64) -> String {
     if hugepages {
         format!(
@@ -138,13 +152,24 @@ fn pool_fix(hugepages: bool, mib: u64) -> String {
 mod tests {
     use super::*;
 
+    /// Every `Result` of the API, each completion's among them, carries the
+    /// error's size, and moves it on every message: a variant that grows it
+    /// is boxed. (An unboxed `IoError` made it 64 bytes, and completions
+    /// 104; boxed, a one-thread 8-byte stream took 4.5% fewer instructions
+    /// a message.)
+    #[test]
+    fn the_error_stays_small() {
+        assert!(std::mem::size_of::<Error>() <= 32);
+        assert!(std::mem::size_of::<Completed>() <= 80);
+    }
+
     fn pool_error(hugepages: bool) -> String {
         Error::Pool {
             mbufs: 65535,
             room: 10368,
             mib: 655,
             hugepages,
-            source: crate::io::IoError::Setup("Cannot allocate memory".into()),
+            source: Box::new(crate::io::IoError::Setup("Cannot allocate memory".into())),
         }
         .to_string()
     }

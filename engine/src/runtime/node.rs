@@ -77,7 +77,7 @@ impl EalConfig {
         for a in &self.args {
             b = b.arg(a.clone());
         }
-        b.init().map_err(|e| Error::Io(e.into()))
+        b.init().map_err(Error::from)
     }
 }
 
@@ -158,7 +158,7 @@ pub struct Node {
 /// port that sends from it with [`ExtMem::dma_map`](dpdk_ffi::ExtMem::dma_map):
 /// a NIC behind VFIO cannot reach it otherwise.
 pub fn register_memory(eal: &Eal, len: usize) -> Result<dpdk_ffi::ExtMem, Error> {
-    let region = dpdk_ffi::ExtMem::new(eal, len).map_err(|e| Error::Io(e.into()))?;
+    let region = dpdk_ffi::ExtMem::new(eal, len).map_err(Error::from)?;
     if !region.is_hugepages() {
         tracing::warn!(
             bytes = region.len(),
@@ -178,7 +178,7 @@ pub fn start_node(cfg: &NodeConfig) -> Result<Node, Error> {
 /// Like [`start_node`] in a process whose EAL already runs (several nodes in
 /// one process, as tests and the benchmark do).
 pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Result<Node, Error> {
-    let dpdk = |e: dpdk_ffi::Error| Error::Io(e.into());
+    let dpdk = |e: dpdk_ffi::Error| Error::from(e);
     let name = format!("emx{}", engine.node);
     let room = link.mbuf_room();
     let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(|e| match e {
@@ -188,7 +188,7 @@ pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Res
             room,
             mib: link.pool_bytes().div_ceil(1 << 20),
             hugepages: eal.uses_hugepages(),
-            source: e.into(),
+            source: Box::new(e.into()),
         },
         e => dpdk(e),
     })?;
