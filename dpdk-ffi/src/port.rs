@@ -98,6 +98,10 @@ struct PortInner {
     /// The port is this handle's (released once the port is closed, still in
     /// the control path: the id may go to the next device probed).
     claim: Option<Claim>,
+    /// The most mbufs of the pool the driver may keep after the port is
+    /// closed (0 but for AF_XDP: its fill ring's, and what its transmit
+    /// rings held).
+    driver_keeps: u32,
     // Dropped after the port is closed: the rx queues hold its mbufs until then.
     _pool: Mempool,
     _eal: Eal,
@@ -235,6 +239,8 @@ impl Port {
         }
         // Remove the device on drop only if this handle created it. Built here,
         // so that a failure below still stops, closes and removes it.
+        // Before the queues are set up: see `driver_keeps`.
+        let in_use_before = pool.in_use();
         let mut inner = PortInner {
             claim: Some(claim),
             id,
@@ -245,6 +251,7 @@ impl Port {
             rx_taken: (0..cfg.rx_queues).map(|_| AtomicBool::new(false)).collect(),
             tx_taken: (0..cfg.tx_queues).map(|_| AtomicBool::new(false)).collect(),
             hotplugged: created.then_some(info.device),
+            driver_keeps: 0,
             _pool: pool.clone(),
             _eal: eal.clone(),
         };
@@ -337,6 +344,15 @@ impl Port {
         // connect() blocks until it does.
         // SAFETY: configured port with all queues set up.
         unsafe { sys::rte_eth_dev_start(id) }.check("rte_eth_dev_start")?;
+        if keeps_fill_ring(&info) {
+            // DPDK 22.11's af_xdp gives back neither the mbufs of its fill
+            // ring, taken at queue setup and start (counted on the whole
+            // pool: another port's traffic meanwhile counts too, so this
+            // bounds it from above), nor those its transmit rings still hold
+            // when the port closes.
+            let fill = pool.in_use().saturating_sub(in_use_before);
+            inner.driver_keeps = fill + u32::from(ntx) * u32::from(cfg.tx_queues);
+        }
         let mut mac = sys::rte_ether_addr::default();
         // SAFETY: valid port; mac is writable.
         unsafe { sys::rte_eth_macaddr_get(id, &mut mac) }.check("rte_eth_macaddr_get")?;
@@ -531,6 +547,9 @@ impl Drop for PortInner {
             if let Some(dev) = self.hotplugged {
                 sys::rte_dev_remove(dev);
             }
+        }
+        if self.driver_keeps > 0 {
+            self._pool.kept_by_driver(self.driver_keeps);
         }
         drop(self.claim.take());
     }
@@ -785,6 +804,17 @@ fn chains_long_frames(info: &sys::rte_eth_dev_info) -> bool {
     // SAFETY: a non-null driver name from rte_eth_dev_info_get is a static
     // NUL-terminated string of the driver.
     unsafe { CStr::from_ptr(info.driver_name) }.to_bytes() == b"net_memif"
+}
+
+/// Whether the port's driver keeps mbufs of its pool after the port is
+/// closed: DPDK 22.11's `net_af_xdp` fills its AF_XDP fill ring from the pool
+/// and does not free those mbufs at close.
+fn keeps_fill_ring(info: &sys::rte_eth_dev_info) -> bool {
+    if info.driver_name.is_null() {
+        return false;
+    }
+    // SAFETY: as in `chains_long_frames`.
+    unsafe { CStr::from_ptr(info.driver_name) }.to_bytes() == b"net_af_xdp"
 }
 
 /// Whether device `name` is a memif port (`net_memif0`, ...): the vdev bus
