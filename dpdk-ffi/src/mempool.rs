@@ -203,8 +203,9 @@ struct Retired {
 }
 
 impl Retired {
-    /// Whether some of its mbufs out are not the ones drivers keep: frames
-    /// not freed, or a burst or free still running.
+    /// Whether some of its mbufs out are not the ones drivers keep (frames
+    /// not freed, or a burst or free still running), or they could not be
+    /// counted (`out` 0 in a pool still waiting).
     fn unexplained(&self) -> bool {
         self.out == 0 || self.out > self.kept
     }

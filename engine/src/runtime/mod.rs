@@ -113,10 +113,6 @@ pub enum Error {
     Thread(String),
 }
 
-/// What to change when the mbuf pool does not fit: on hugepages the EAL takes
-/// its memory from the free hugepages as it goes (its `memory_mb` is only
-/// what `auto` and `require` look for at start), with `--no-huge` from the
-/// `memory_mb` it was given.
 impl From<crate::io::IoError> for Error {
     fn from(e: crate::io::IoError) -> Error {
         Error::Io(Box::new(e))
@@ -129,6 +125,10 @@ impl From<dpdk_ffi::Error> for Error {
     }
 }
 
+/// What to change when the mbuf pool does not fit: on hugepages the EAL takes
+/// its memory from the free hugepages as it goes (its `memory_mb` is only
+/// what `auto` and `require` look for at start), with `--no-huge` from the
+/// `memory_mb` it was given.
 fn pool_fix(hugepages: bool, mib: u64) -> String {
     if hugepages {
         format!(

@@ -158,7 +158,7 @@ pub struct Node {
 /// port that sends from it with [`ExtMem::dma_map`](dpdk_ffi::ExtMem::dma_map):
 /// a NIC behind VFIO cannot reach it otherwise.
 pub fn register_memory(eal: &Eal, len: usize) -> Result<dpdk_ffi::ExtMem, Error> {
-    let region = dpdk_ffi::ExtMem::new(eal, len).map_err(Error::from)?;
+    let region = dpdk_ffi::ExtMem::new(eal, len)?;
     if !region.is_hugepages() {
         tracing::warn!(
             bytes = region.len(),
@@ -178,7 +178,6 @@ pub fn start_node(cfg: &NodeConfig) -> Result<Node, Error> {
 /// Like [`start_node`] in a process whose EAL already runs (several nodes in
 /// one process, as tests and the benchmark do).
 pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Result<Node, Error> {
-    let dpdk = |e: dpdk_ffi::Error| Error::from(e);
     let name = format!("emx{}", engine.node);
     let room = link.mbuf_room();
     let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(|e| match e {
@@ -190,15 +189,14 @@ pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Res
             hugepages: eal.uses_hugepages(),
             source: Box::new(e.into()),
         },
-        e => dpdk(e),
+        e => Error::from(e),
     })?;
     let pcfg = PortConfig {
         mtu: link.mtu,
         ..PortConfig::default()
     };
-    let port = Port::from_devargs(eal, &link.devargs, &pcfg, &pool).map_err(dpdk)?;
-    port.wait_link(Duration::from_millis(link.link_wait_ms))
-        .map_err(dpdk)?;
+    let port = Port::from_devargs(eal, &link.devargs, &pcfg, &pool)?;
+    port.wait_link(Duration::from_millis(link.link_wait_ms))?;
     let io = DpdkIo::new(&port, 0, &pool)?;
     let engine = Engine::start(engine, io)?;
     Ok(Node {
