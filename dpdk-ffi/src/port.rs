@@ -794,27 +794,28 @@ fn memif_sizing(name: &str, devargs: &str, mtu: Option<u16>) -> Result<Option<St
     Ok(Some(format!(",bsize={bsize},rsize={rsize}")))
 }
 
+/// The driver's name in a port's device info (empty when it has none).
+fn info_driver(info: &sys::rte_eth_dev_info) -> &[u8] {
+    if info.driver_name.is_null() {
+        return &[];
+    }
+    // SAFETY: a non-null driver name from rte_eth_dev_info_get is a static
+    // NUL-terminated string of the driver.
+    unsafe { CStr::from_ptr(info.driver_name) }.to_bytes()
+}
+
 /// Whether the port's driver carries frames longer than its
 /// `max_rx_pktlen`, chaining buffers without asking for the scatter offload
 /// (memif: see [`MEMIF_MAX_MTU`]).
 fn chains_long_frames(info: &sys::rte_eth_dev_info) -> bool {
-    if info.driver_name.is_null() {
-        return false;
-    }
-    // SAFETY: a non-null driver name from rte_eth_dev_info_get is a static
-    // NUL-terminated string of the driver.
-    unsafe { CStr::from_ptr(info.driver_name) }.to_bytes() == b"net_memif"
+    info_driver(info) == b"net_memif"
 }
 
 /// Whether the port's driver keeps mbufs of its pool after the port is
 /// closed: DPDK 22.11's `net_af_xdp` fills its AF_XDP fill ring from the pool
 /// and does not free those mbufs at close.
 fn keeps_fill_ring(info: &sys::rte_eth_dev_info) -> bool {
-    if info.driver_name.is_null() {
-        return false;
-    }
-    // SAFETY: as in `chains_long_frames`.
-    unsafe { CStr::from_ptr(info.driver_name) }.to_bytes() == b"net_af_xdp"
+    info_driver(info) == b"net_af_xdp"
 }
 
 /// Whether device `name` is a memif port (`net_memif0`, ...): the vdev bus
