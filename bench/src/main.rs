@@ -26,7 +26,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use link::LinkKind;
 use report::{Collector, Report, Sample, Test};
-use session::{Pace, SendBuffers, Session, Transport};
+use session::{Cores, Pace, SendBuffers, Session, Transport};
 
 /// Latency, bandwidth and message rate of emx against raw DPDK frames (and
 /// kernel UDP/TCP on the veth link), measured on the same link in one run.
@@ -131,6 +131,15 @@ struct Args {
     /// Hugepages: auto (when free ones exist), never (--no-huge) or require.
     #[arg(long, value_enum, default_value_t = Huge::Auto)]
     hugepages: Huge,
+    /// CPUs (as the OS numbers them) for the pinger, the echo thread and the
+    /// pinger's polling thread (emx-thread): PINGER,ECHO or PINGER,ECHO,POLLER.
+    /// By default the pinger takes the first CPU this process may use, the
+    /// echo the last, and the polling thread the second where there are three
+    /// or more (it then spins there, as on a dedicated core), else it shares
+    /// the pinger's and backs off when idle. A server (`--role server`) uses
+    /// only ECHO, a client only PINGER and POLLER.
+    #[arg(long, value_name = "CPUS")]
+    cores: Option<String>,
     /// Print the results as JSON on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -285,7 +294,12 @@ fn run(args: &Args) -> Result<(), String> {
         check_plot_path(path)?;
     }
     // Before the session pins this thread to one core.
-    let cpus = core_affinity::get_core_ids().map_or(0, |c| c.len());
+    let allowed = session::allowed_cpus();
+    let cpus = allowed.len();
+    let cores = match &args.cores {
+        Some(spec) => Cores::parse(spec, &allowed)?,
+        None => Cores::default_for(&allowed),
+    };
     if args.once && args.role != Some(Role::Server) {
         return Err("--once goes with --role server".into());
     }
@@ -300,10 +314,10 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let mut session = match (args.link, args.role, side) {
         (_, Some(Role::Server), Some(side)) => {
-            return remote::serve(hugepages, mtu, &side, &args.listen, args.once)
+            return remote::serve(hugepages, mtu, &side, &args.listen, args.once, cores.pair().1)
         }
         (_, Some(Role::Client), Some(side)) => {
-            Session::connect(hugepages, mtu, &side, &args.server)?
+            Session::connect(hugepages, mtu, &side, &args.server, cores)?
         }
         (LinkKind::Memif, None, _) => {
             return Err("--link memif joins two processes: start one with --role server, then one with --role client".into())
@@ -316,7 +330,7 @@ fn run(args: &Args) -> Result<(), String> {
         }
         (_, Some(_), _) => return Err("--role goes with --link memif or --link devargs".into()),
         (kind, None, _) => {
-            Session::start(kind, hugepages, mtu, args.pmd, &args.devargs)?
+            Session::start(kind, hugepages, mtu, args.pmd, &args.devargs, cores)?
         }
     };
     let total: u64 = tests
@@ -377,12 +391,13 @@ fn run(args: &Args) -> Result<(), String> {
     let rows = col.rows();
     let mut notes = Vec::new();
     let threaded = rows.iter().any(|r| r.transport == Transport::EmxThread);
-    if threaded && args.role.is_none() && cpus < 3 {
+    let placement = session.placement();
+    if threaded && placement.poller.is_some() && placement.poller == placement.pinger {
         notes.push(format!(
-            "emx-thread ran three threads (the pinger, its engine's polling thread and the \
-             echo) on {cpus} CPUs: the pinger shares its CPU with the polling thread and parks \
-             while it waits, so each of its round trips includes two switches between threads \
-             by the OS scheduler. Compare emx-thread on 3 CPUs or more."
+            "emx-thread's polling thread shared the pinger's CPU ({cpus} CPUs here): the pinger \
+             parks while it waits, so each of its round trips includes two switches between \
+             threads by the OS scheduler. On 3 CPUs or more the polling thread gets one of its \
+             own (see --cores)."
         ));
     }
     let report = Report {
@@ -390,6 +405,7 @@ fn run(args: &Args) -> Result<(), String> {
         hugepages: session.hugepages,
         mtu: session.mtu,
         cpus,
+        cores: placement,
         rounds: args.rounds,
         send_buffers: args.send_buffers,
         rows,

@@ -20,13 +20,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use core_affinity::CoreId;
 use dpdk_ffi::{Eal, HugepageMode, Mempool};
 use serde::{Deserialize, Serialize};
 
 use crate::link::{End, Link, SideSpec};
-use crate::session::{
-    await_switch, spawn_echo, start_eal, two_cores, Cmd, Counters, Ctl, EchoThread,
-};
+use crate::session::{await_switch, spawn_echo, start_eal, Cmd, Counters, Ctl, EchoThread};
 
 /// A request from the client.
 #[derive(Debug, Serialize, Deserialize)]
@@ -217,13 +216,15 @@ impl Client {
 /// does not run, is reported on stderr and the next one is served; with
 /// `once`, its error is the result. A client that connects while another is
 /// served is told that the server is busy (as iperf3 does), after a grace of
-/// two seconds, rather than left waiting for the other's run to end.
+/// two seconds, rather than left waiting for the other's run to end. Each
+/// echo thread runs on `echo_core`.
 pub fn serve(
     hugepages: HugepageMode,
     mtu: u16,
     side: &SideSpec,
     listen: &str,
     once: bool,
+    echo_core: Option<CoreId>,
 ) -> Result<(), String> {
     let (eal, pool) = start_eal(hugepages, mtu, &side.devargs())?;
     let link = Link::side(&eal, &pool, mtu, side, true)?;
@@ -243,7 +244,15 @@ pub fn serve(
     loop {
         let (n, peer, stream) = clients.recv().map_err(|_| "the listener stopped")??;
         eprintln!("emx-bench: client {n} ({peer}) connected");
-        let r = serve_client(&eal, &pool, &link, mtu, stream, Released(&serving));
+        let r = serve_client(
+            &eal,
+            &pool,
+            &link,
+            mtu,
+            stream,
+            Released(&serving),
+            echo_core,
+        );
         if once {
             return r;
         }
@@ -498,6 +507,7 @@ fn start_echo(
     link: &Link,
     b: &[End],
     macs: &[[u8; 6]],
+    core: Option<CoreId>,
 ) -> Result<(Arc<Ctl>, EchoThread), String> {
     const UP_WITHIN: Duration = Duration::from_secs(10);
     for c in &link.channels {
@@ -511,8 +521,7 @@ fn start_echo(
             )
         })?;
     }
-    let (_, echo_core) = two_cores();
-    spawn_echo(eal, pool, link, b, macs, echo_core)
+    spawn_echo(eal, pool, link, b, macs, core)
 }
 
 /// Serves one client on `link`: checks its hello, starts an echo thread for
@@ -526,6 +535,7 @@ fn serve_client(
     mtu: u16,
     stream: TcpStream,
     release: Released,
+    echo_core: Option<CoreId>,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     keep_alive(&stream);
@@ -571,7 +581,7 @@ fn serve_client(
     let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
     // What fails from here to the hello's answer is the client's answer too:
     // it would otherwise see only the connection close.
-    let (ctl, thread) = match start_echo(eal, pool, link, &b, &macs) {
+    let (ctl, thread) = match start_echo(eal, pool, link, &b, &macs, echo_core) {
         Ok(started) => started,
         Err(why) => {
             let _ = send_answer(&mut writer, &Answer::Failed(why.clone()));

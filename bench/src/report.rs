@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::session::{SendBuffers, Stream, Transport};
+use crate::session::{Cores, SendBuffers, Stream, Transport};
 
 /// A kind of test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, Serialize)]
@@ -187,6 +187,8 @@ pub struct Report {
     pub hugepages: bool,
     pub mtu: u16,
     pub cpus: usize,
+    /// Where the pinger, the echo and the polling thread ran.
+    pub cores: Cores,
     pub rounds: u32,
     /// Where emx streams sent from.
     pub send_buffers: SendBuffers,
@@ -532,7 +534,7 @@ impl Report {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "emx-bench: {} ({}, MTU {}, {} CPUs), {} round(s) per point, transports alternating",
+            "emx-bench: {} ({}, MTU {}, {} CPUs{}), {} round(s) per point, transports alternating",
             self.link,
             if self.hugepages {
                 "hugepages"
@@ -541,6 +543,7 @@ impl Report {
             },
             self.mtu,
             self.cpus,
+            self.cores.describe(),
             self.rounds
         );
         for test in [Test::Latency, Test::Bandwidth, Test::Bibw, Test::Msgrate] {
@@ -923,6 +926,7 @@ mod tests {
             hugepages: false,
             mtu: 9000,
             cpus: 2,
+            cores: Cores::default_for(&[0, 1]),
             rounds: 1,
             send_buffers: SendBuffers::Multiple,
             rows,

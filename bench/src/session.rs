@@ -396,7 +396,7 @@ pub struct Session {
     /// Frame payload limit.
     pub mtu: u16,
     hz: f64,
-    cores: (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>),
+    cores: Cores,
     control: Control,
     pool: Mempool,
     raw_hdr: [u8; 14],
@@ -532,14 +532,141 @@ pub(crate) fn start_eal(
     Ok((eal, pool))
 }
 
-/// The pinger's and the echo's cores: the first and the last this thread may use.
-pub(crate) fn two_cores() -> (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>) {
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
-    match cores.as_slice() {
-        [] => (None, None),
-        [only] => (Some(*only), Some(*only)),
-        [first, .., last] => (Some(*first), Some(*last)),
+/// Where the benchmark's threads run, by the CPU numbers the OS gives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Cores {
+    /// The pinger: the thread that measures, and drives its inline engines.
+    pub pinger: Option<usize>,
+    /// The echo thread (in a `--role server` process, the server's).
+    pub echo: Option<usize>,
+    /// The polling thread of the pinger's emx-thread engine.
+    pub poller: Option<usize>,
+}
+
+impl Cores {
+    /// The default placement on `allowed` (the CPUs this process may use,
+    /// in order): the pinger on the first, the echo on the last, and the
+    /// polling thread on the second where there are three or more, else
+    /// beside the pinger.
+    pub fn default_for(allowed: &[usize]) -> Cores {
+        match allowed {
+            [] => Cores::default(),
+            [only] => Cores {
+                pinger: Some(*only),
+                echo: Some(*only),
+                poller: Some(*only),
+            },
+            [first, last] => Cores {
+                pinger: Some(*first),
+                echo: Some(*last),
+                poller: Some(*first),
+            },
+            [first, second, .., last] => Cores {
+                pinger: Some(*first),
+                echo: Some(*last),
+                poller: Some(*second),
+            },
+        }
     }
+
+    /// `--cores PINGER,ECHO[,POLLER]`, each one of `allowed`; without
+    /// POLLER, the polling thread goes on the first allowed CPU that is
+    /// neither of the others, or beside the pinger where there is none.
+    pub fn parse(spec: &str, allowed: &[usize]) -> Result<Cores, String> {
+        let bad = |why: String| {
+            format!(
+                "--cores {spec}: {why}; give PINGER,ECHO or PINGER,ECHO,POLLER as CPU numbers \
+                 this process may use ({})",
+                list(allowed)
+            )
+        };
+        let mut ids = Vec::new();
+        for part in spec.split(',') {
+            let id: usize = part
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("`{part}` is not a CPU number")))?;
+            if !allowed.contains(&id) {
+                return Err(bad(format!("CPU {id} is not one this process may use")));
+            }
+            ids.push(id);
+        }
+        let (pinger, echo, poller) = match ids[..] {
+            [p, e] => {
+                let other = allowed.iter().copied().find(|&c| c != p && c != e);
+                (p, e, other.unwrap_or(p))
+            }
+            [p, e, q] => (p, e, q),
+            _ => return Err(bad(format!("{} CPUs given", ids.len()))),
+        };
+        Ok(Cores {
+            pinger: Some(pinger),
+            echo: Some(echo),
+            poller: Some(poller),
+        })
+    }
+
+    /// Whether the polling thread has a CPU that neither the pinger nor
+    /// the echo runs on: it may spin there without taking time from them.
+    pub fn poller_alone(&self) -> bool {
+        self.poller.is_some() && self.poller != self.pinger && self.poller != self.echo
+    }
+
+    /// `: pinger on CPU 0, echo on 15, polling thread on 1` for the table's
+    /// first line; empty where nothing was pinned.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        for (who, cpu) in [
+            ("pinger", self.pinger),
+            ("echo", self.echo),
+            ("polling thread", self.poller),
+        ] {
+            if let Some(c) = cpu {
+                parts.push(format!("{who} on {c}"));
+            }
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", parts.join(", "))
+        }
+    }
+
+    /// The pinger's and the echo's CPUs, as the kernel baselines pin them.
+    pub fn pair(&self) -> (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>) {
+        let id = |c: Option<usize>| c.map(|id| core_affinity::CoreId { id });
+        (id(self.pinger), id(self.echo))
+    }
+}
+
+/// The CPUs this process may use, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    let mut ids: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// `0-3,8` for 0, 1, 2, 3, 8.
+fn list(ids: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        out.push(if j == i {
+            ids[i].to_string()
+        } else {
+            format!("{}-{}", ids[i], ids[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
 }
 
 /// Who runs the echo side.
@@ -572,14 +699,14 @@ impl Session {
         mtu: u16,
         pmd: crate::link::VethPmd,
         devargs: &[String],
+        cores: Cores,
     ) -> Result<Session, String> {
         let named: Vec<&str> = devargs.iter().map(String::as_str).collect();
         let (eal, pool) = start_eal(hugepages, mtu, &named)?;
         let link = Link::open(kind, &eal, &pool, mtu, pmd, devargs)?;
-        let (ping_core, echo_core) = two_cores();
         let b: Vec<End> = link.channels.iter().map(|c| c.b.clone()).collect();
         let a_macs: Vec<[u8; 6]> = link.channels.iter().map(|c| c.a.port.mac()).collect();
-        let (ctl, thread) = spawn_echo(&eal, &pool, &link, &b, &a_macs, echo_core)?;
+        let (ctl, thread) = spawn_echo(&eal, &pool, &link, &b, &a_macs, cores.pair().1)?;
         let b_macs: Vec<[u8; 6]> = b.iter().map(|e| e.port.mac()).collect();
         Session::pinger(
             eal,
@@ -590,7 +717,7 @@ impl Session {
                 ctl,
                 thread: Some(thread),
             },
-            (ping_core, echo_core),
+            cores,
         )
     }
 
@@ -601,6 +728,7 @@ impl Session {
         mtu: u16,
         side: &SideSpec,
         server: &str,
+        cores: Cores,
     ) -> Result<Session, String> {
         let (eal, pool) = start_eal(hugepages, mtu, &side.devargs())?;
         // The server opens its port before it listens, so that ours (a
@@ -614,15 +742,12 @@ impl Session {
             .port
             .wait_link(Duration::from_secs(10))
             .map_err(|e| e.to_string())?;
-        let (ping_core, _) = two_cores();
-        Session::pinger(
-            eal,
-            pool,
-            link,
-            &b_macs,
-            Control::Remote(client),
-            (ping_core, None),
-        )
+        // The echo runs in the server's process, where its own --cores say.
+        let cores = Cores {
+            echo: None,
+            ..cores
+        };
+        Session::pinger(eal, pool, link, &b_macs, Control::Remote(client), cores)
     }
 
     fn pinger(
@@ -631,10 +756,9 @@ impl Session {
         link: Link,
         b_macs: &[[u8; 6]],
         control: Control,
-        cores: (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>),
+        cores: Cores,
     ) -> Result<Session, String> {
-        let ping_core = cores.0;
-        if let Some(c) = ping_core {
+        if let Some(c) = cores.pair().0 {
             core_affinity::set_for_current(c);
         }
         // The pinger's end of each channel.
@@ -644,11 +768,13 @@ impl Session {
         raw_hdr[6..12].copy_from_slice(&a[RAW].port.mac());
         raw_hdr[12..14].copy_from_slice(&RAW_ETHERTYPE.to_be_bytes());
         let region = ExtMem::new(&eal, REGION).map_err(|e| e.to_string())?;
-        // The polling thread shares the pinger's core: the echo thread spins
-        // on the other one. The pinger parks while it waits.
+        // A polling thread with a CPU of its own spins there, as on a
+        // dedicated core. One that shares the pinger's (on two CPUs, where
+        // the echo thread spins on the other) backs off when idle, and the
+        // pinger parks while it waits.
         let thread = ProgressMode::Thread {
-            core: ping_core.map(|c| c.id),
-            spin: false,
+            core: cores.poller,
+            spin: cores.poller_alone(),
         };
         let chans = Chans::new(
             a,
@@ -701,6 +827,11 @@ impl Session {
 
     /// The pinger's and the echo's cores.
     pub fn cores(&self) -> (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>) {
+        self.cores.pair()
+    }
+
+    /// Where the pinger, the echo and the polling thread run.
+    pub fn placement(&self) -> Cores {
         self.cores
     }
 
@@ -1640,7 +1771,53 @@ impl Echo {
 
 #[cfg(test)]
 mod tests {
-    use super::Tally;
+    use super::{Cores, Tally};
+
+    fn cores(pinger: usize, echo: usize, poller: usize) -> Cores {
+        Cores {
+            pinger: Some(pinger),
+            echo: Some(echo),
+            poller: Some(poller),
+        }
+    }
+
+    /// On two CPUs the polling thread shares the pinger's; on more it takes
+    /// one that neither the pinger nor the echo uses, and spins there.
+    #[test]
+    fn the_polling_thread_gets_a_cpu_of_its_own_on_three_or_more() {
+        assert_eq!(Cores::default_for(&[]), Cores::default());
+        assert_eq!(Cores::default_for(&[3]), cores(3, 3, 3));
+        let two = Cores::default_for(&[0, 1]);
+        assert_eq!(two, cores(0, 1, 0));
+        assert!(!two.poller_alone());
+        let many = Cores::default_for(&[2, 4, 5, 9]);
+        assert_eq!(many, cores(2, 9, 4));
+        assert!(many.poller_alone());
+        assert_eq!(
+            many.describe(),
+            ": pinger on 2, echo on 9, polling thread on 4"
+        );
+        assert_eq!(Cores::default().describe(), "");
+    }
+
+    #[test]
+    fn cores_are_parsed_and_checked_against_the_allowed_cpus() {
+        let allowed = [0, 1, 2, 3, 8];
+        assert_eq!(Cores::parse("3,1", &allowed), Ok(cores(3, 1, 0)));
+        assert_eq!(Cores::parse("0,1", &allowed), Ok(cores(0, 1, 2)));
+        assert_eq!(Cores::parse("0, 8, 0", &allowed), Ok(cores(0, 8, 0)));
+        assert_eq!(Cores::parse("0,1", &[0, 1]), Ok(cores(0, 1, 0)));
+        let e = Cores::parse("0,7", &allowed).unwrap_err();
+        assert!(
+            e.contains("CPU 7 is not one") && e.ends_with("(0-3,8)"),
+            "{e}"
+        );
+        let e = Cores::parse("0,a", &allowed).unwrap_err();
+        assert!(e.contains("`a` is not a CPU number"), "{e}");
+        for bad in ["0", "0,1,2,3", ""] {
+            assert!(Cores::parse(bad, &allowed).is_err(), "{bad}");
+        }
+    }
 
     const MIB: u64 = 1 << 20;
 
