@@ -612,7 +612,7 @@ impl Cores {
         self.poller.is_some() && self.poller != self.pinger && self.poller != self.echo
     }
 
-    /// `: pinger on CPU 0, echo on 15, polling thread on 1` for the table's
+    /// `: pinger on 0, echo on 15, polling thread on 1` for the table's
     /// first line; empty where nothing was pinned.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
