@@ -133,11 +133,12 @@ struct Args {
     hugepages: Huge,
     /// CPUs (as the OS numbers them) for the pinger, the echo thread and the
     /// pinger's polling thread (emx-thread): PINGER,ECHO or PINGER,ECHO,POLLER.
-    /// By default the pinger takes the first CPU this process may use, the
-    /// echo the last, and the polling thread the second where there are three
-    /// or more (it then spins there, as on a dedicated core), else it shares
-    /// the pinger's and backs off when idle. A server (`--role server`) uses
-    /// only ECHO, a client only PINGER and POLLER.
+    /// By default the pinger takes the first CPU this process may use and the
+    /// echo the last; the polling thread takes the first other one, on a
+    /// physical core neither of theirs is on where there is one (not their
+    /// hyperthread siblings), and spins there as on a dedicated core; on 2
+    /// CPUs it shares the pinger's and backs off when idle. A server (`--role
+    /// server`) uses only ECHO, a client only PINGER and POLLER.
     #[arg(long, value_name = "CPUS")]
     cores: Option<String>,
     /// Print the results as JSON on stdout instead of the table.
@@ -297,8 +298,8 @@ fn run(args: &Args) -> Result<(), String> {
     let allowed = session::allowed_cpus();
     let cpus = allowed.len();
     let cores = match &args.cores {
-        Some(spec) => Cores::parse(spec, &allowed)?,
-        None => Cores::default_for(&allowed),
+        Some(spec) => Cores::parse(spec, &allowed, &session::physical_core)?,
+        None => Cores::default_for(&allowed, &session::physical_core),
     };
     if args.once && args.role != Some(Role::Server) {
         return Err("--once goes with --role server".into());

@@ -926,7 +926,7 @@ mod tests {
             hugepages: false,
             mtu: 9000,
             cpus: 2,
-            cores: Cores::default_for(&[0, 1]),
+            cores: Cores::default_for(&[0, 1], &|_| None),
             rounds: 1,
             send_buffers: SendBuffers::Multiple,
             rows,

@@ -546,9 +546,10 @@ pub struct Cores {
 impl Cores {
     /// The default placement on `allowed` (the CPUs this process may use,
     /// in order): the pinger on the first, the echo on the last, and the
-    /// polling thread on the second where there are three or more, else
-    /// beside the pinger.
-    pub fn default_for(allowed: &[usize]) -> Cores {
+    /// polling thread where [`Cores::poller_for`] puts it: on a CPU of its
+    /// own where there are three or more, else beside the pinger.
+    /// `core_of` names the physical core of a CPU (see [`physical_core`]).
+    pub fn default_for(allowed: &[usize], core_of: &dyn Fn(usize) -> Option<(u32, u32)>) -> Cores {
         match allowed {
             [] => Cores::default(),
             [only] => Cores {
@@ -556,23 +557,44 @@ impl Cores {
                 echo: Some(*only),
                 poller: Some(*only),
             },
-            [first, last] => Cores {
+            [first, .., last] => Cores {
                 pinger: Some(*first),
                 echo: Some(*last),
-                poller: Some(*first),
-            },
-            [first, second, .., last] => Cores {
-                pinger: Some(*first),
-                echo: Some(*last),
-                poller: Some(*second),
+                poller: Some(Cores::poller_for(*first, *last, allowed, core_of)),
             },
         }
     }
 
+    /// The polling thread's CPU beside a pinger on `pinger` and an echo on
+    /// `echo`: the first of `allowed` on a physical core that neither of
+    /// theirs is on (a thread spinning on a hyperthread sibling would take
+    /// half of their core, baselines' measurements included), else the
+    /// first that is neither of theirs, else the pinger's.
+    fn poller_for(
+        pinger: usize,
+        echo: usize,
+        allowed: &[usize],
+        core_of: &dyn Fn(usize) -> Option<(u32, u32)>,
+    ) -> usize {
+        let mut others = allowed
+            .iter()
+            .copied()
+            .filter(|&c| c != pinger && c != echo);
+        let taken = [core_of(pinger), core_of(echo)];
+        others
+            .clone()
+            .find(|&c| core_of(c).is_none_or(|k| !taken.contains(&Some(k))))
+            .or_else(|| others.next())
+            .unwrap_or(pinger)
+    }
+
     /// `--cores PINGER,ECHO[,POLLER]`, each one of `allowed`; without
-    /// POLLER, the polling thread goes on the first allowed CPU that is
-    /// neither of the others, or beside the pinger where there is none.
-    pub fn parse(spec: &str, allowed: &[usize]) -> Result<Cores, String> {
+    /// POLLER, the polling thread goes where [`Cores::poller_for`] puts it.
+    pub fn parse(
+        spec: &str,
+        allowed: &[usize],
+        core_of: &dyn Fn(usize) -> Option<(u32, u32)>,
+    ) -> Result<Cores, String> {
         let bad = |why: String| {
             format!(
                 "--cores {spec}: {why}; give PINGER,ECHO or PINGER,ECHO,POLLER as CPU numbers \
@@ -592,10 +614,7 @@ impl Cores {
             ids.push(id);
         }
         let (pinger, echo, poller) = match ids[..] {
-            [p, e] => {
-                let other = allowed.iter().copied().find(|&c| c != p && c != e);
-                (p, e, other.unwrap_or(p))
-            }
+            [p, e] => (p, e, Cores::poller_for(p, e, allowed, core_of)),
             [p, e, q] => (p, e, q),
             _ => return Err(bad(format!("{} CPUs given", ids.len()))),
         };
@@ -637,6 +656,20 @@ impl Cores {
         let id = |c: Option<usize>| c.map(|id| core_affinity::CoreId { id });
         (id(self.pinger), id(self.echo))
     }
+}
+
+/// The physical core of CPU `cpu` (its package and core ids, from sysfs):
+/// CPUs that share one are hyperthread siblings. `None` where Linux does
+/// not say.
+pub fn physical_core(cpu: usize) -> Option<(u32, u32)> {
+    let read = |what: &str| -> Option<u32> {
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((read("physical_package_id")?, read("core_id")?))
 }
 
 /// The CPUs this process may use, in order.
@@ -1781,16 +1814,21 @@ mod tests {
         }
     }
 
+    /// No topology known: every CPU a core of its own.
+    fn flat(_: usize) -> Option<(u32, u32)> {
+        None
+    }
+
     /// On two CPUs the polling thread shares the pinger's; on more it takes
-    /// one that neither the pinger nor the echo uses, and spins there.
+    /// one that neither the pinger nor the echo runs on, and spins there.
     #[test]
     fn the_polling_thread_gets_a_cpu_of_its_own_on_three_or_more() {
-        assert_eq!(Cores::default_for(&[]), Cores::default());
-        assert_eq!(Cores::default_for(&[3]), cores(3, 3, 3));
-        let two = Cores::default_for(&[0, 1]);
+        assert_eq!(Cores::default_for(&[], &flat), Cores::default());
+        assert_eq!(Cores::default_for(&[3], &flat), cores(3, 3, 3));
+        let two = Cores::default_for(&[0, 1], &flat);
         assert_eq!(two, cores(0, 1, 0));
         assert!(!two.poller_alone());
-        let many = Cores::default_for(&[2, 4, 5, 9]);
+        let many = Cores::default_for(&[2, 4, 5, 9], &flat);
         assert_eq!(many, cores(2, 9, 4));
         assert!(many.poller_alone());
         assert_eq!(
@@ -1800,22 +1838,48 @@ mod tests {
         assert_eq!(Cores::default().describe(), "");
     }
 
+    /// A spinning polling thread keeps off the pinger's and the echo's
+    /// physical cores where it can: on their hyperthread siblings it would
+    /// take half of their core.
+    #[test]
+    fn the_polling_thread_keeps_off_their_hyperthread_siblings() {
+        // Siblings numbered side by side (0 and 1 share a core), and half
+        // the CPUs apart (0 and 4), as Linux numbers them on most machines.
+        let side_by_side = |c: usize| Some((0, (c / 2) as u32));
+        let apart = |c: usize| Some((0, (c % 4) as u32));
+        let eight: Vec<usize> = (0..8).collect();
+        assert_eq!(Cores::default_for(&eight, &side_by_side), cores(0, 7, 2));
+        assert_eq!(Cores::default_for(&eight, &apart), cores(0, 7, 1));
+        // Two cores of two threads: no core is free, so the first other CPU.
+        assert_eq!(
+            Cores::default_for(&[0, 1, 2, 3], &side_by_side),
+            cores(0, 3, 1)
+        );
+        assert_eq!(
+            Cores::parse("2,5", &eight, &side_by_side),
+            Ok(cores(2, 5, 0))
+        );
+        // What the sysfs reader gives on this machine, whatever it is.
+        let _ = super::physical_core(0);
+    }
+
     #[test]
     fn cores_are_parsed_and_checked_against_the_allowed_cpus() {
         let allowed = [0, 1, 2, 3, 8];
-        assert_eq!(Cores::parse("3,1", &allowed), Ok(cores(3, 1, 0)));
-        assert_eq!(Cores::parse("0,1", &allowed), Ok(cores(0, 1, 2)));
-        assert_eq!(Cores::parse("0, 8, 0", &allowed), Ok(cores(0, 8, 0)));
-        assert_eq!(Cores::parse("0,1", &[0, 1]), Ok(cores(0, 1, 0)));
-        let e = Cores::parse("0,7", &allowed).unwrap_err();
+        let parse = |spec| Cores::parse(spec, &allowed, &flat);
+        assert_eq!(parse("3,1"), Ok(cores(3, 1, 0)));
+        assert_eq!(parse("0,1"), Ok(cores(0, 1, 2)));
+        assert_eq!(parse("0, 8, 0"), Ok(cores(0, 8, 0)));
+        assert_eq!(Cores::parse("0,1", &[0, 1], &flat), Ok(cores(0, 1, 0)));
+        let e = parse("0,7").unwrap_err();
         assert!(
             e.contains("CPU 7 is not one") && e.ends_with("(0-3,8)"),
             "{e}"
         );
-        let e = Cores::parse("0,a", &allowed).unwrap_err();
+        let e = parse("0,a").unwrap_err();
         assert!(e.contains("`a` is not a CPU number"), "{e}");
         for bad in ["0", "0,1,2,3", ""] {
-            assert!(Cores::parse(bad, &allowed).is_err(), "{bad}");
+            assert!(parse(bad).is_err(), "{bad}");
         }
     }
 
