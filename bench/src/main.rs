@@ -501,7 +501,7 @@ fn measure(
         let r = s
             .paused(|s| {
                 let pair = s.veth().expect("checked above");
-                let cores = s.cores();
+                let cores = s.placement().pair();
                 match test {
                     Test::Latency => kernel::pingpong(
                         pair,

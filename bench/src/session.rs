@@ -858,11 +858,6 @@ impl Session {
         self.link.veth.get(crate::link::KERNEL)
     }
 
-    /// The pinger's and the echo's cores.
-    pub fn cores(&self) -> (Option<core_affinity::CoreId>, Option<core_affinity::CoreId>) {
-        self.cores.pair()
-    }
-
     /// Where the pinger, the echo and the polling thread run.
     pub fn placement(&self) -> Cores {
         self.cores
