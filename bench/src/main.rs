@@ -137,8 +137,10 @@ struct Args {
     /// echo the last; the polling thread takes the first other one, on a
     /// physical core neither of theirs is on where there is one (not their
     /// hyperthread siblings), and spins there as on a dedicated core; on 2
-    /// CPUs it shares the pinger's and backs off when idle. A server (`--role
-    /// server`) uses only ECHO, a client only PINGER and POLLER.
+    /// CPUs it shares the pinger's and backs off when idle. The echo spins, and
+    /// the pinger too on raw's round trips: ECHO must differ from the others.
+    /// A server (`--role server`) uses only ECHO, a client only PINGER and
+    /// POLLER.
     #[arg(long, value_name = "CPUS")]
     cores: Option<String>,
     /// Print the results as JSON on stdout instead of the table.

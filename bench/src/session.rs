@@ -618,6 +618,21 @@ impl Cores {
             [p, e, q] => (p, e, q),
             _ => return Err(bad(format!("{} CPUs given", ids.len()))),
         };
+        // The echo thread spins, and so does the pinger on raw's round
+        // trips: beside either, a thread waits for the scheduler's time
+        // slice. Only a machine of one CPU has no choice.
+        if allowed.len() > 1 {
+            if echo == pinger {
+                return Err(bad(format!(
+                    "the pinger and the echo would share CPU {echo}, and both spin"
+                )));
+            }
+            if poller == echo {
+                return Err(bad(format!(
+                    "the polling thread would share CPU {echo} with the echo, which spins"
+                )));
+            }
+        }
         Ok(Cores {
             pinger: Some(pinger),
             echo: Some(echo),
@@ -1873,6 +1888,17 @@ mod tests {
         );
         let e = parse("0,a").unwrap_err();
         assert!(e.contains("`a` is not a CPU number"), "{e}");
+        let e = parse("3,3").unwrap_err();
+        assert!(
+            e.contains("the pinger and the echo would share CPU 3"),
+            "{e}"
+        );
+        let e = parse("0,1,1").unwrap_err();
+        assert!(
+            e.contains("the polling thread would share CPU 1 with the echo"),
+            "{e}"
+        );
+        assert_eq!(Cores::parse("5,5", &[5], &flat), Ok(cores(5, 5, 5)));
         for bad in ["0", "0,1,2,3", ""] {
             assert!(parse(bad).is_err(), "{bad}");
         }
