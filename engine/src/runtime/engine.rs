@@ -484,10 +484,11 @@ const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
 const STOPPED: u8 = 2;
 
-/// What one endpoint shares with the polling thread.
+/// What one endpoint shares with the polling thread, besides its completion
+/// ring, whose two ends they hold (the thread the producer, the endpoint the
+/// consumer: an `rtrb` single-producer ring).
 struct EpShared {
     cmds: ArrayQueue<Cmd>,
-    events: ArrayQueue<Event>,
     /// Events a stopped polling thread found no room for in `events`: taken
     /// by the endpoint once it sees the engine stopped, so that no request is
     /// left without its completion and buffer.
@@ -506,27 +507,12 @@ impl EpShared {
     fn new(ring: usize) -> EpShared {
         EpShared {
             cmds: ArrayQueue::new(ring),
-            events: ArrayQueue::new(ring),
             leftover: Mutex::new(VecDeque::new()),
             backlogged: AtomicBool::new(false),
             waiting: AtomicBool::new(false),
             waiter: Mutex::new(None),
             waiter_cpu: AtomicUsize::new(usize::MAX),
         }
-    }
-
-    /// Moves events from the front of `backlog` into the ring while it has
-    /// room; returns whether any went.
-    fn deliver(&self, backlog: &mut VecDeque<Event>) -> bool {
-        let mut any = false;
-        while let Some(e) = backlog.pop_front() {
-            if let Err(e) = self.events.push(e) {
-                backlog.push_front(e);
-                break;
-            }
-            any = true;
-        }
-        any
     }
 
     /// Wakes the endpoint's thread if it parked waiting for events; returns,
@@ -547,6 +533,21 @@ impl EpShared {
             }
         }
         None
+    }
+}
+
+/// Moves events from the front of `backlog` into the completion ring while
+/// it has room, published together (one store of the ring's tail for the
+/// lot, where each event pushed alone took the line from the endpoint's
+/// thread again); returns whether any went.
+fn deliver(events: &mut rtrb::Producer<Event>, backlog: &mut VecDeque<Event>) -> bool {
+    let n = backlog.len().min(events.slots());
+    if n == 0 {
+        return false;
+    }
+    match events.write_chunk_uninit(n) {
+        Ok(chunk) => chunk.fill_from_iter(backlog.drain(..n)) != 0,
+        Err(_) => false,
     }
 }
 
@@ -668,6 +669,9 @@ pub struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     inline: Option<Box<dyn Drive>>,
+    /// Each endpoint's end of its completion ring, until it is handed out
+    /// (a polling thread's engine).
+    events: Vec<Option<rtrb::Consumer<Event>>>,
     /// Local endpoints, in the order of the driver's cores.
     locals: Vec<Addr>,
     taken: Vec<bool>,
@@ -742,6 +746,7 @@ impl Engine {
             shared,
             thread: None,
             inline: None,
+            events: Vec::new(),
             taken: vec![false; locals.len()],
             locals,
             max_requests,
@@ -752,11 +757,24 @@ impl Engine {
             ProgressMode::Inline => engine.inline = Some(driver),
             ProgressMode::Thread { core, spin } => {
                 let shared = engine.shared.clone();
+                let (producers, consumers): (Vec<_>, Vec<_>) = (0..engine.locals.len())
+                    .map(|_| rtrb::RingBuffer::new(ring))
+                    .unzip();
+                engine.events = consumers.into_iter().map(Some).collect();
                 let (ready_tx, ready_rx) = std::sync::mpsc::channel();
                 let handle = std::thread::Builder::new()
                     .name(format!("emx-poll-{}", cfg.node))
                     .spawn(move || {
-                        poll_thread(driver, shared, clock, core, spin, max_requests, ready_tx)
+                        poll_thread(
+                            driver,
+                            shared,
+                            producers,
+                            clock,
+                            core,
+                            spin,
+                            max_requests,
+                            ready_tx,
+                        )
                     })
                     .map_err(|e| Error::Thread(e.to_string()))?;
                 ready_rx
@@ -802,7 +820,12 @@ impl Engine {
         }
         let mode = match self.inline.take() {
             Some(driver) => Mode::Inline(driver),
-            None => Mode::Thread,
+            None => Mode::Thread(
+                self.events
+                    .get_mut(ep)
+                    .and_then(Option::take)
+                    .ok_or(Error::EndpointTaken)?,
+            ),
         };
         Ok(Endpoint {
             shared: self.shared.clone(),
@@ -914,7 +937,12 @@ impl Backoff {
 
     /// One idle round; `backlog` is what each endpoint's ring had no room
     /// for.
-    fn snooze(&mut self, shared: &Shared, backlog: &[VecDeque<Event>]) {
+    fn snooze(
+        &mut self,
+        shared: &Shared,
+        backlog: &[VecDeque<Event>],
+        events: &[rtrb::Producer<Event>],
+    ) {
         self.idle = self.idle.saturating_add(1);
         if self.spin_forever || self.idle < Self::SPINS {
             std::hint::spin_loop();
@@ -930,7 +958,8 @@ impl Backoff {
                 .eps
                 .iter()
                 .zip(backlog)
-                .all(|(e, b)| e.cmds.is_empty() && (b.is_empty() || e.events.is_full()));
+                .zip(events)
+                .all(|((e, b), r)| e.cmds.is_empty() && (b.is_empty() || r.is_full()));
             if nothing_to_do {
                 std::thread::park_timeout(Duration::from_micros(self.sleep_us));
             }
@@ -940,9 +969,11 @@ impl Backoff {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn poll_thread(
     mut driver: Box<dyn Drive>,
     shared: Arc<Shared>,
+    mut events: Vec<rtrb::Producer<Event>>,
     clock: Clock,
     core: Option<usize>,
     spin: bool,
@@ -1104,7 +1135,7 @@ fn poll_thread(
         let mut delivered = false;
         let mut woke_here = false;
         for (ep, eps) in shared.eps.iter().enumerate() {
-            if eps.deliver(&mut backlog[ep]) {
+            if deliver(&mut events[ep], &mut backlog[ep]) {
                 // An unpinned thread cannot tell where the woken one will
                 // run: the kernel tends to put it on this CPU (see
                 // `Shared::kick`).
@@ -1178,7 +1209,7 @@ fn poll_thread(
                     while let Some(cmd) = eps.cmds.pop() {
                         backlog[ep].extend(refused(cmd));
                     }
-                    eps.deliver(&mut backlog[ep]);
+                    deliver(&mut events[ep], &mut backlog[ep]);
                     if !backlog[ep].is_empty() {
                         eps.leftover
                             .lock()
@@ -1191,7 +1222,7 @@ fn poll_thread(
             }
         }
         if work == 0 && p.idle() && !delivered {
-            backoff.snooze(&shared, &backlog);
+            backoff.snooze(&shared, &backlog, &events);
         } else {
             backoff.reset();
         }
@@ -1244,7 +1275,8 @@ fn file_completion(
 
 enum Mode {
     Inline(Box<dyn Drive>),
-    Thread,
+    /// A polling thread's endpoint, with its end of the completion ring.
+    Thread(rtrb::Consumer<Event>),
 }
 
 /// Where an application sends and receives. Not `Sync`: one thread at a time
@@ -1323,7 +1355,7 @@ impl Endpoint {
     /// aborts what the core holds and closes the core. Not when the thread
     /// has stopped (or died): nothing would read it.
     fn send_close(&mut self) {
-        if !matches!(self.mode, Mode::Thread)
+        if !matches!(self.mode, Mode::Thread(_))
             || self.shared.state.load(Ordering::Acquire) == STOPPED
         {
             return;
@@ -1493,7 +1525,7 @@ impl Endpoint {
                     Err(e) => Err(e),
                 }
             }
-            Mode::Thread => self
+            Mode::Thread(_) => self
                 .push_cmd(to_cmd(req, buf))
                 .map(|()| None)
                 .map_err(|c| (Error::WouldBlock, from_cmd(c))),
@@ -1523,23 +1555,30 @@ impl Endpoint {
                 !d.progress_inline(self.clock.now(), &mut self.requests)
                     .idle()
             }
-            Mode::Thread => {
+            Mode::Thread(events) => {
                 let eps = &self.shared.eps[self.ep];
                 // Read first: once stopped, the polling thread pushes nothing
                 // more, so the rings drained below hold all there is.
                 let stopped = self.shared.state.load(Ordering::Acquire) == STOPPED;
-                let mut any = false;
-                while let Some(e) = eps.events.pop() {
-                    any = true;
-                    take_event(&mut self.requests, &mut self.reply, e);
+                // All that is there, taken as one chunk: one store of the
+                // ring's head for the lot.
+                let n = events.slots();
+                let mut any = n != 0;
+                if let Ok(chunk) = events.read_chunk(n) {
+                    for e in chunk {
+                        take_event(&mut self.requests, &mut self.reply, e);
+                    }
                 }
                 // Room was made for events the polling thread holds back: wake
-                // it if it sleeps. The pops (SeqCst on the ring's head) and
-                // this SeqCst load pair with the poller's SeqCst store of the
-                // flag and its look at the ring before it parks: one of the
-                // two sees the other.
-                if any && eps.backlogged.load(Ordering::SeqCst) {
-                    self.shared.kick();
+                // it if it sleeps. The fence orders the store of the ring's
+                // head before this load of the flag, and pairs with the
+                // poller's SeqCst store of the flag and its look at the ring
+                // before it parks: one of the two sees the other.
+                if any {
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if eps.backlogged.load(Ordering::SeqCst) {
+                        self.shared.kick();
+                    }
                 }
                 if stopped {
                     // What the stopped thread had no ring room for, and the
@@ -1650,7 +1689,7 @@ impl Endpoint {
             if let Some(t) = timeout {
                 polls = polls.wrapping_add(1);
                 // A parked wait sleeps between polls: read the clock each time.
-                let parks = matches!(self.mode, Mode::Thread) && spins >= self.eager_spins;
+                let parks = matches!(self.mode, Mode::Thread(_)) && spins >= self.eager_spins;
                 if polls % CLOCK_EVERY == 0 || parks {
                     let now = self.clock.now();
                     match deadline {
@@ -1664,7 +1703,7 @@ impl Endpoint {
                 spins = 0;
                 continue;
             }
-            if matches!(self.mode, Mode::Thread)
+            if matches!(self.mode, Mode::Thread(_))
                 && self.shared.state.load(Ordering::Acquire) == STOPPED
             {
                 // The polling thread is gone: this progress call takes all it
@@ -1694,13 +1733,13 @@ impl Endpoint {
         /// between them (a few microseconds' worth).
         const INLINE_EAGER_SPINS: u32 = 128;
         *spins = spins.saturating_add(1);
-        match self.mode {
+        match &mut self.mode {
             // No pause while a reply may be a round trip away (a pause is
             // about 30 ns on the development VM, most of an idle poll): a
             // frame that lands just after a poll waits for the next one.
             Mode::Inline(_) if *spins < INLINE_EAGER_SPINS => {}
             Mode::Inline(_) => std::hint::spin_loop(),
-            Mode::Thread => {
+            Mode::Thread(events) => {
                 if *spins == 1 {
                     // The first idle poll of this wait, or since its last
                     // event: spin first, unless on the polling thread's CPU.
@@ -1730,9 +1769,7 @@ impl Endpoint {
                 // sees this waiting, or this sees its event (a release store
                 // followed by a load may pass it, and both would miss).
                 std::sync::atomic::fence(Ordering::SeqCst);
-                if self.shared.eps[self.ep].events.is_empty()
-                    && self.shared.state.load(Ordering::Acquire) != STOPPED
-                {
+                if events.is_empty() && self.shared.state.load(Ordering::Acquire) != STOPPED {
                     std::thread::park_timeout(Duration::from_millis(1));
                 }
                 self.shared.eps[self.ep]
@@ -1779,7 +1816,7 @@ impl Endpoint {
                 };
                 Ok(d.core(0).cancel(id))
             }
-            Mode::Thread => self
+            Mode::Thread(_) => self
                 .push_cmd(Cmd::Cancel { req })
                 .map(|()| true)
                 .map_err(|_| Error::WouldBlock),
@@ -1823,7 +1860,7 @@ impl Endpoint {
                 };
                 Ok(d.core(0).probe(src, match_bits, mask))
             }
-            Mode::Thread => match self.control(Cmd::Probe {
+            Mode::Thread(_) => match self.control(Cmd::Probe {
                 src,
                 bits: match_bits,
                 mask,
@@ -1842,7 +1879,7 @@ impl Endpoint {
                 .add_peer(addr, MacAddr(mac))
                 .map(|_| ())
                 .map_err(Error::Peer),
-            Mode::Thread => match self.control(Cmd::AddPeer { addr, mac })? {
+            Mode::Thread(_) => match self.control(Cmd::AddPeer { addr, mac })? {
                 Event::AddPeer(r) => r,
                 _ => Err(Error::WrongKind),
             },
@@ -1857,7 +1894,7 @@ impl Endpoint {
                 let st = core.peer_id(peer).and_then(|p| core.peer_stats(p).copied());
                 Ok((st, d.io_stats()))
             }
-            Mode::Thread => match self.control(Cmd::Stats { addr: peer })? {
+            Mode::Thread(_) => match self.control(Cmd::Stats { addr: peer })? {
                 Event::Stats(s) => Ok(*s),
                 _ => Err(Error::WrongKind),
             },
@@ -1879,7 +1916,7 @@ impl Endpoint {
     pub fn core_stats(&mut self) -> Result<CoreStats, Error> {
         match &mut self.mode {
             Mode::Inline(d) => Ok(*d.core(0).stats()),
-            Mode::Thread => match self.control(Cmd::CoreStats)? {
+            Mode::Thread(_) => match self.control(Cmd::CoreStats)? {
                 Event::CoreStats(s) => Ok(*s),
                 _ => Err(Error::WrongKind),
             },
@@ -1890,7 +1927,7 @@ impl Endpoint {
     pub fn peers(&mut self) -> Result<Vec<PeerStatus>, Error> {
         match &mut self.mode {
             Mode::Inline(d) => Ok(peer_status(d.core(0), self.clock.now())),
-            Mode::Thread => match self.control(Cmd::Peers)? {
+            Mode::Thread(_) => match self.control(Cmd::Peers)? {
                 Event::Peers(v) => Ok(v),
                 _ => Err(Error::WrongKind),
             },
@@ -1907,7 +1944,7 @@ impl Endpoint {
     pub fn reconnect(&mut self, peer: Addr) -> Result<bool, Error> {
         match &mut self.mode {
             Mode::Inline(d) => Ok(reconnect(d.core(0), self.clock.now(), peer)),
-            Mode::Thread => match self.control(Cmd::Reconnect { addr: peer })? {
+            Mode::Thread(_) => match self.control(Cmd::Reconnect { addr: peer })? {
                 Event::Reconnect(r) => Ok(r),
                 _ => Err(Error::WrongKind),
             },
@@ -1943,11 +1980,11 @@ impl Endpoint {
             let idle = match &mut self.mode {
                 Mode::Inline(d) => d.core(0).in_progress() == 0,
                 // (asked of the polling thread now and then, not every turn)
-                Mode::Thread if asked_at.elapsed() >= Duration::from_millis(1) => {
+                Mode::Thread(_) if asked_at.elapsed() >= Duration::from_millis(1) => {
                     asked_at = Instant::now();
                     matches!(self.control(Cmd::InProgress), Ok(Event::InProgress(0)))
                 }
-                Mode::Thread => false,
+                Mode::Thread(_) => false,
             };
             if idle {
                 break;
@@ -1996,7 +2033,7 @@ impl Endpoint {
                 self.progress();
                 let owe_nothing = match &mut self.mode {
                     Mode::Inline(d) => d.core(0).owes_nothing(),
-                    Mode::Thread => true,
+                    Mode::Thread(_) => true,
                 };
                 if settling.settled(owe_nothing) {
                     break;
@@ -2018,5 +2055,36 @@ impl Endpoint {
             }
         }
         report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{deliver, Event};
+    use std::collections::VecDeque;
+
+    fn counts(c: &mut rtrb::Consumer<Event>) -> Vec<usize> {
+        std::iter::from_fn(|| c.pop().ok())
+            .map(|e| match e {
+                Event::InProgress(n) => n,
+                _ => unreachable!("only InProgress events were pushed"),
+            })
+            .collect()
+    }
+
+    /// Events go to the completion ring in order, as many as it has room
+    /// for; the rest stay in the backlog, in order, for the next delivery.
+    #[test]
+    fn delivery_fills_the_ring_and_keeps_the_rest_in_order() {
+        let (mut p, mut c) = rtrb::RingBuffer::new(4);
+        let mut backlog: VecDeque<Event> = (0..6).map(Event::InProgress).collect();
+        assert!(deliver(&mut p, &mut backlog));
+        assert_eq!(backlog.len(), 2);
+        assert!(!deliver(&mut p, &mut backlog), "a full ring takes nothing");
+        assert_eq!(counts(&mut c), [0, 1, 2, 3]);
+        assert!(deliver(&mut p, &mut backlog));
+        assert!(backlog.is_empty());
+        assert!(!deliver(&mut p, &mut backlog), "nothing to deliver");
+        assert_eq!(counts(&mut c), [4, 5]);
     }
 }
