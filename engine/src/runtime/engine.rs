@@ -489,11 +489,11 @@ const STOPPED: u8 = 2;
 /// consumer: an `rtrb` single-producer ring).
 struct EpShared {
     cmds: ArrayQueue<Cmd>,
-    /// Events a stopped polling thread found no room for in `events`: taken
-    /// by the endpoint once it sees the engine stopped, so that no request is
-    /// left without its completion and buffer.
+    /// Events a stopped polling thread found no room for in the completion
+    /// ring: taken by the endpoint once it sees the engine stopped, so that
+    /// no request is left without its completion and buffer.
     leftover: Mutex<VecDeque<Event>>,
-    /// Set by the polling thread while events wait for room in `events`:
+    /// Set by the polling thread while events wait for room in the ring:
     /// the endpoint that makes room wakes it (see `Shared::kick`), rather
     /// than leave them to wait out its backoff sleep.
     backlogged: AtomicBool,
