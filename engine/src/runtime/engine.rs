@@ -541,6 +541,10 @@ impl EpShared {
 /// lot, where each event pushed alone took the line from the endpoint's
 /// thread again); returns whether any went.
 fn deliver(events: &mut rtrb::Producer<Event>, backlog: &mut VecDeque<Event>) -> bool {
+    if backlog.is_empty() {
+        // Nothing to read the ring's head for: that line is the endpoint's.
+        return false;
+    }
     let n = backlog.len().min(events.slots());
     if n == 0 {
         return false;
@@ -1564,9 +1568,14 @@ impl Endpoint {
                 // ring's head for the lot.
                 let n = events.slots();
                 let mut any = n != 0;
-                if let Ok(chunk) = events.read_chunk(n) {
-                    for e in chunk {
-                        take_event(&mut self.requests, &mut self.reply, e);
+                // Not on an empty poll: a chunk stores the head when it is
+                // dropped, even an empty one, and the polling thread would
+                // lose that line at every look.
+                if any {
+                    if let Ok(chunk) = events.read_chunk(n) {
+                        for e in chunk {
+                            take_event(&mut self.requests, &mut self.reply, e);
+                        }
                     }
                 }
                 // Room was made for events the polling thread holds back: wake
@@ -2073,7 +2082,8 @@ mod tests {
     }
 
     /// Events go to the completion ring in order, as many as it has room
-    /// for; the rest stay in the backlog, in order, for the next delivery.
+    /// for; the rest stay in the backlog, in order, for the next delivery,
+    /// also when a delivery wraps around the ring's end.
     #[test]
     fn delivery_fills_the_ring_and_keeps_the_rest_in_order() {
         let (mut p, mut c) = rtrb::RingBuffer::new(4);
@@ -2086,5 +2096,10 @@ mod tests {
         assert!(backlog.is_empty());
         assert!(!deliver(&mut p, &mut backlog), "nothing to deliver");
         assert_eq!(counts(&mut c), [4, 5]);
+        // Slots 2, 3, then 0: one chunk across the end.
+        backlog.extend((6..9).map(Event::InProgress));
+        assert!(deliver(&mut p, &mut backlog));
+        assert!(backlog.is_empty());
+        assert_eq!(counts(&mut c), [6, 7, 8]);
     }
 }
