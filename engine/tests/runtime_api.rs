@@ -48,12 +48,12 @@ fn data(i: usize, len: usize) -> Vec<u8> {
 }
 
 /// a sends to b; each engine's endpoint lives on its own thread.
-fn exchange(mode: ProgressMode) {
-    let inline = matches!(mode, ProgressMode::Inline);
+fn exchange(mode: ProgressMode, receiver_mode: ProgressMode) {
+    let inline = matches!(receiver_mode, ProgressMode::Inline);
     let (ia, ib) = MemNetwork::pair(1500);
     let (ma, mb) = (ia.mac(), ib.mac());
-    let mut ea = Engine::start(&cfg(1, (2, mb), mode.clone()), ia).unwrap();
-    let mut eb = Engine::start(&cfg(2, (1, ma), mode), ib).unwrap();
+    let mut ea = Engine::start(&cfg(1, (2, mb), mode), ia).unwrap();
+    let mut eb = Engine::start(&cfg(2, (1, ma), receiver_mode), ib).unwrap();
     let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
     assert!(matches!(ea.endpoint(), Err(Error::EndpointTaken)));
     let sizes = [0usize, 7, 1500, 40_000, 1 << 20];
@@ -118,12 +118,28 @@ fn exchange(mode: ProgressMode) {
 
 #[test]
 fn inline_exchange() {
-    exchange(ProgressMode::Inline);
+    exchange(ProgressMode::Inline, ProgressMode::Inline);
 }
 
 #[test]
 fn polling_thread_exchange() {
-    exchange(thread_mode());
+    exchange(thread_mode(), thread_mode());
+}
+
+/// A polling thread that spins (`spin`) is never woken: its endpoint's
+/// submissions and takes skip the wake-up, and nothing waits for it. (The
+/// receiver's backs off: two threads that never yield would hold both CPUs
+/// of a small machine.)
+#[test]
+fn spinning_polling_thread_exchange() {
+    exchange(spinning(), thread_mode());
+}
+
+fn spinning() -> ProgressMode {
+    ProgressMode::Thread {
+        core: None,
+        spin: true,
+    }
 }
 
 /// A message that arrives before its receive is posted counts as unexpected
@@ -798,10 +814,21 @@ fn full_ring_would_block_and_nothing_is_lost() {
 /// sleeping: the endpoint that takes events wakes it.
 #[test]
 fn room_in_a_full_ring_wakes_the_polling_thread() {
+    room_in_a_full_ring_reaches_the_polling_thread(thread_mode());
+}
+
+/// The same with a polling thread that spins: nobody wakes it (it never
+/// sleeps), and it hands over what it held back once there is room.
+#[test]
+fn room_in_a_full_ring_reaches_a_spinning_polling_thread() {
+    room_in_a_full_ring_reaches_the_polling_thread(spinning());
+}
+
+fn room_in_a_full_ring_reaches_the_polling_thread(mode: ProgressMode) {
     const RING: usize = 32;
     const ROUNDS: usize = 20;
     let (ia, ib) = MemNetwork::pair(1500);
-    let mut c = cfg(1, (2, ib.mac()), thread_mode());
+    let mut c = cfg(1, (2, ib.mac()), mode);
     c.ring = RING;
     let mut ea = Engine::start(&c, ia).unwrap();
     let mut a = ea.endpoint().unwrap();
@@ -828,10 +855,11 @@ fn room_in_a_full_ring_wakes_the_polling_thread() {
         for &r in &reqs {
             assert!(retry(|| a.cancel(r)));
         }
-        // Long enough for the idle polling thread to sleep 1 ms at a time,
-        // with a full ring and a ring's worth held back.
+        // Long enough for an idle polling thread that backs off to sleep
+        // 1 ms at a time, with a full ring and a ring's worth held back.
         std::thread::sleep(Duration::from_millis(5));
-        // Takes the ring's worth (the thread sleeps and adds none meanwhile).
+        // Takes the ring's worth (the thread adds none meanwhile: asleep, or
+        // spinning with no room).
         assert!(a.progress(), "round {round}: the ring was full");
         let t0 = Instant::now();
         while !a.progress() {

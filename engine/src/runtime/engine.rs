@@ -564,6 +564,10 @@ struct Shared {
     /// wakes it rather than leave the request waiting out the sleep.
     poller: std::sync::OnceLock<Thread>,
     poller_asleep: AtomicBool,
+    /// The polling thread spins and never sleeps (`spin`): nobody need
+    /// wake it, so a submitter, or an endpoint that makes room in its ring,
+    /// skips the fence and the look that waking takes.
+    poller_spins: bool,
     /// The CPU the polling thread is pinned to, if it is.
     poller_core: Option<usize>,
     /// The polling thread died (panicked): the engine is stopped, and what
@@ -608,6 +612,12 @@ impl Shared {
     /// Wakes the polling thread if it is asleep: a command was submitted.
     #[inline]
     fn kick(&self) {
+        if self.poller_spins {
+            // The fence below would wait for this thread's stores to reach
+            // the cache, the command's among them, whose line the spinning
+            // poller holds: a cross-core miss on every submission.
+            return;
+        }
         // Pairs with the fence in Backoff::snooze: either the poller sees the
         // command before it parks, or this sees it asleep and wakes it.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -739,6 +749,7 @@ impl Engine {
             drain_until: Mutex::new(None),
             poller: std::sync::OnceLock::new(),
             poller_asleep: AtomicBool::new(false),
+            poller_spins: matches!(cfg.progress, ProgressMode::Thread { spin: true, .. }),
             poller_core: match cfg.progress {
                 ProgressMode::Thread { core, .. } => core,
                 ProgressMode::Inline => None,
@@ -1583,7 +1594,7 @@ impl Endpoint {
                 // head before this load of the flag, and pairs with the
                 // poller's SeqCst store of the flag and its look at the ring
                 // before it parks: one of the two sees the other.
-                if any {
+                if any && !self.shared.poller_spins {
                     std::sync::atomic::fence(Ordering::SeqCst);
                     if eps.backlogged.load(Ordering::SeqCst) {
                         self.shared.kick();
