@@ -5,7 +5,12 @@
 //! needed, none used). Compare with `proto_cost` (the core alone) to see what the
 //! runtime adds; under `valgrind --tool=callgrind` it counts instructions.
 //!
-//! `cargo run --release -p emx --example runtime_cost [round trips per run] [memif [stream|rate]]`
+//! With `thread`, `a` (the pinger, or the stream's sender) runs on a
+//! polling thread that spins on the last CPU, and this thread, pinned to
+//! the first, is its application and drives `b` inline: what a polling
+//! thread's hand-off (its rings) costs, measurable on two CPUs.
+//!
+//! `cargo run --release -p emx --example runtime_cost [round trips per run] [memif [stream|rate] [thread]]`
 
 use std::time::{Duration, Instant};
 
@@ -34,11 +39,22 @@ fn main() {
         for p in [&pa, &pb] {
             p.wait_link(Duration::from_secs(10)).unwrap();
         }
-        let mut ea = Engine::start(
-            &EngineConfig::with_peer(1, 2, pb.mac()),
-            DpdkIo::new(&pa, 0, &pool).unwrap(),
-        )
-        .unwrap();
+        let mut ca = EngineConfig::with_peer(1, 2, pb.mac());
+        let mut how = "both sides on one thread";
+        if std::env::args().any(|a| a == "thread") {
+            how = "a on a spinning polling thread, its application and b on this one";
+            let cpus = core_affinity::get_core_ids().unwrap_or_default();
+            let (Some(first), Some(last)) = (cpus.first(), cpus.last()) else {
+                panic!("no CPU to pin to");
+            };
+            assert!(first.id != last.id, "`thread` needs two CPUs");
+            core_affinity::set_for_current(*first);
+            ca.progress = emx::runtime::ProgressMode::Thread {
+                core: Some(last.id),
+                spin: true,
+            };
+        }
+        let mut ea = Engine::start(&ca, DpdkIo::new(&pa, 0, &pool).unwrap()).unwrap();
         let mut eb = Engine::start(
             &EngineConfig::with_peer(2, 1, pa.mac()),
             DpdkIo::new(&pb, 0, &pool).unwrap(),
@@ -52,10 +68,10 @@ fn main() {
         {
             let region = dpdk_ffi::ExtMem::with_pages(&eal, 64 << 20, false).unwrap();
             region.dma_map(&pa).unwrap();
-            stream(&mut a, &mut b, &region, n, size, window);
+            stream(&mut a, &mut b, &region, n, size, window, how);
             return;
         }
-        report("memif pair", &measure(&mut a, &mut b, n));
+        report(&format!("memif pair, {how}"), &measure(&mut a, &mut b, n));
         report_idle(&mut a, n);
     } else {
         let (ia, ib) = MemNetwork::pair(1500);
@@ -63,15 +79,16 @@ fn main() {
         let mut ea = Engine::start(&EngineConfig::with_peer(1, 2, mb), ia).unwrap();
         let mut eb = Engine::start(&EngineConfig::with_peer(2, 1, ma), ib).unwrap();
         let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
-        report("in-memory link", &measure(&mut a, &mut b, n));
+        report(
+            "in-memory link, both sides on one thread",
+            &measure(&mut a, &mut b, n),
+        );
         report_idle(&mut a, n);
     }
 }
 
 fn report(link: &str, results: &[f64]) {
-    println!(
-        "emx runtime cost: one 8-byte round trip (2 messages, both sides, one thread, {link})"
-    );
+    println!("emx runtime cost: one 8-byte round trip (2 messages, both sides, {link})");
     println!(
         "best {:.0} ns, median {:.0} ns per round trip ({} runs)",
         results[0],
@@ -94,6 +111,7 @@ fn stream(
     n: u32,
     size: usize,
     window: usize,
+    how: &str,
 ) {
     let (to_b, to_a) = (Addr::new(2, 0), Addr::new(1, 0));
     let mut sbufs: Vec<_> = (0..window)
@@ -130,7 +148,7 @@ fn stream(
     }
     let ns = t0.elapsed().as_nanos() as f64 / f64::from(n);
     println!(
-        "emx stream, {size} B messages, {window} in flight, both sides on one thread: \
+        "emx stream, {size} B messages, {window} in flight, {how}: \
          {ns:.0} ns per message, {:.1} Gbit/s",
         (size * 8) as f64 / ns
     );
