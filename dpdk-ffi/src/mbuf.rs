@@ -308,6 +308,27 @@ unsafe fn segment_data<'a>(m: *const sys::rte_mbuf) -> &'a [u8] {
     )
 }
 
+impl Mbuf {
+    /// Frees every mbuf in `mbufs` (each with its chain) in one call, which
+    /// returns them to their pools a burst at a time; `mbufs` is left empty
+    /// with its capacity.
+    pub fn free_all(mbufs: &mut Vec<Mbuf>) {
+        let n = mbufs.len();
+        if n == 0 {
+            return;
+        }
+        // SAFETY: the length is 0 before DPDK frees them, so no Mbuf is
+        // dropped again (if the call unwound, they would leak, not be freed
+        // twice); the first n slots hold owned mbufs, and Mbuf is
+        // `repr(transparent)` over the pointer, so the slots are the array of
+        // `struct rte_mbuf *` that rte_pktmbuf_free_bulk takes.
+        unsafe {
+            mbufs.set_len(0);
+            sys::rte_pktmbuf_free_bulk(mbufs.as_mut_ptr() as *mut *mut sys::rte_mbuf, n as u32);
+        }
+    }
+}
+
 impl Drop for Mbuf {
     fn drop(&mut self) {
         // SAFETY: self owns the chain; rte_pktmbuf_free releases every segment.

@@ -65,6 +65,17 @@ fn bounds_and_chains() {
     assert_eq!(pool.in_use(), 3, "only the three taken are left");
     drop(taken);
     assert_eq!(pool.in_use(), 0);
+
+    // Freed together, chains whole; the vector keeps its room.
+    let mut v: Vec<Mbuf> = (0..5).map(|_| Mbuf::alloc(&pool).unwrap()).collect();
+    v[1].chain(Mbuf::alloc(&pool).unwrap()).unwrap();
+    assert_eq!(pool.in_use(), 6);
+    let room = v.capacity();
+    Mbuf::free_all(&mut v);
+    assert!(v.is_empty() && v.capacity() == room);
+    assert_eq!(pool.in_use(), 0, "every mbuf and segment freed");
+    Mbuf::free_all(&mut v);
+    assert_eq!(pool.in_use(), 0);
 }
 
 #[test]

@@ -151,6 +151,10 @@ impl PacketIo for DpdkIo {
         self.segment()
     }
 
+    fn release(&mut self, frames: &mut Vec<Mbuf>) {
+        Mbuf::free_all(frames);
+    }
+
     fn put<'f>(&mut self, frame: &'f mut Mbuf, len: usize) -> Result<&'f mut [u8], IoError> {
         check_room(frame.pkt_len(), len, self.max_frame)?;
         Ok(frame.append(len)?)

@@ -299,6 +299,12 @@ pub trait PacketIo {
     /// A new, empty frame to build.
     fn alloc(&mut self) -> Result<Self::Frame, IoError>;
 
+    /// Gives frames back to the link, emptying `frames` (they would go
+    /// one by one when dropped; a link may free a burst at once).
+    fn release(&mut self, frames: &mut Vec<Self::Frame>) {
+        frames.clear();
+    }
+
     /// Appends `len` writable bytes to the frame (where a header is written in
     /// place) and returns them.
     fn put<'f>(&mut self, frame: &'f mut Self::Frame, len: usize) -> Result<&'f mut [u8], IoError>;

@@ -147,6 +147,9 @@ pub struct Driver<L: PacketIo> {
     linear: Vec<u8>,
     /// Frames lent to receives in this round, until their completions leave.
     lent: Vec<(usize, RequestId, Lent)>,
+    /// The last round's frames, handled and kept until the next round gives
+    /// them back (at most a burst).
+    spent: Vec<L::Frame>,
     /// Frames that could not be built (no buffer, payload refused).
     build_failures: u64,
     /// Payload bytes the cores copied into frames (the link counts the rest).
@@ -210,6 +213,7 @@ impl<L: PacketIo> Driver<L> {
             spare: None,
             linear: Vec::new(),
             lent: Vec::with_capacity(BURST),
+            spent: Vec::with_capacity(BURST),
             build_failures: 0,
             copied: 0,
         }
@@ -307,6 +311,14 @@ impl<L: PacketIo> Driver<L> {
             .iter()
             .any(|c| c.poll_timeout().is_some_and(|t| t <= now));
 
+        // The previous call's frames go back to the link now, a burst at
+        // once, rather than one by one before that call's completions
+        // reached the application: a message received leaves the
+        // application's answer free to go first.
+        if !self.spent.is_empty() {
+            self.io.release(&mut self.spent);
+        }
+
         // In: a burst from the link into the cores. Bad frames are counted by
         // a core and dropped; there is nothing more to do about them here.
         p.received = self.io.recv(&mut self.rx, BURST);
@@ -316,6 +328,7 @@ impl<L: PacketIo> Driver<L> {
                 f.copy_to(&mut self.linear);
                 let i = route(&self.route, &self.linear, self.ethertype);
                 let _ = self.cores[i].handle_frame(now, &self.linear);
+                self.spent.push(f);
                 continue;
             };
             let i = route(&self.route, bytes, self.ethertype);
@@ -323,6 +336,8 @@ impl<L: PacketIo> Driver<L> {
                 // A lending receive took the message: it leaves in the frame.
                 self.lent
                     .push((i, lend.req, f.into_lent(lend.offset, lend.len)));
+            } else {
+                self.spent.push(f);
             }
         }
 
