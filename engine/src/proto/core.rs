@@ -1193,7 +1193,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             return None;
         }
         self.fence_streaming();
-        self.completions.pop_front()
+        let c = self.completions.pop_front();
+        if self.completions.is_empty() {
+            // Back to the start: the next completions reuse the lines just
+            // used, not the next ones of a walk through the whole queue.
+            self.completions.clear();
+        }
+        c
     }
 
     /// Makes the streaming stores into receive buffers since the last call
