@@ -127,9 +127,11 @@ fn polling_thread_exchange() {
 }
 
 /// A polling thread that spins (`spin`) is never woken: its endpoint's
-/// submissions and takes skip the wake-up, and nothing waits for it. (The
-/// receiver's backs off: two threads that never yield would hold both CPUs
-/// of a small machine.)
+/// submissions and takes skip the wake-up, and every message still goes
+/// and comes back. (Were it to sleep after all, this would pass, only more
+/// slowly: `room_in_a_full_ring_wakes_the_polling_thread` times the
+/// wake-up of one that sleeps. The receiver's thread backs off: two that
+/// never yield would hold both CPUs of a small machine.)
 #[test]
 fn spinning_polling_thread_exchange() {
     exchange(spinning(), thread_mode());
@@ -814,17 +816,19 @@ fn full_ring_would_block_and_nothing_is_lost() {
 /// sleeping: the endpoint that takes events wakes it.
 #[test]
 fn room_in_a_full_ring_wakes_the_polling_thread() {
-    room_in_a_full_ring_reaches_the_polling_thread(thread_mode());
+    room_in_a_full_ring_reaches_the_polling_thread(thread_mode(), true);
 }
 
 /// The same with a polling thread that spins: nobody wakes it (it never
-/// sleeps), and it hands over what it held back once there is room.
+/// sleeps), and it hands over what it held back, in order and all of it,
+/// once there is room. How soon is not checked: unpinned, it may share a
+/// CPU with this test's thread, which then holds it off for a time slice.
 #[test]
 fn room_in_a_full_ring_reaches_a_spinning_polling_thread() {
-    room_in_a_full_ring_reaches_the_polling_thread(spinning());
+    room_in_a_full_ring_reaches_the_polling_thread(spinning(), false);
 }
 
-fn room_in_a_full_ring_reaches_the_polling_thread(mode: ProgressMode) {
+fn room_in_a_full_ring_reaches_the_polling_thread(mode: ProgressMode, timed: bool) {
     const RING: usize = 32;
     const ROUNDS: usize = 20;
     let (ia, ib) = MemNetwork::pair(1500);
@@ -882,7 +886,7 @@ fn room_in_a_full_ring_reaches_the_polling_thread(mode: ProgressMode) {
     // Asleep and not woken, the thread would deliver the rest within its
     // 1 ms sleep: half a millisecond on average.
     assert!(
-        waits[ROUNDS / 2] < Duration::from_micros(200),
+        !timed || waits[ROUNDS / 2] < Duration::from_micros(200),
         "median wait {:?} (all: {waits:?})",
         waits[ROUNDS / 2]
     );

@@ -43,6 +43,9 @@ macro_rules! delegate_packet_io {
         fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame> {
             self.inner.duplicate(frame)
         }
+        fn release(&mut self, frames: &mut Vec<Self::Frame>) {
+            self.inner.release(frames)
+        }
         fn mac(&self) -> $crate::io::Mac {
             self.inner.mac()
         }
