@@ -312,9 +312,9 @@ impl<L: PacketIo> Driver<L> {
             .any(|c| c.poll_timeout().is_some_and(|t| t <= now));
 
         // The previous call's frames go back to the link now, a burst at
-        // once, rather than one by one before that call's completions
-        // reached the application: a message received leaves the
-        // application's answer free to go first.
+        // once. Freed one by one as they were handled, they held up that
+        // call's completions on their way to the application, and so its
+        // answer: now the answer leaves first, and the frees come after.
         if !self.spent.is_empty() {
             self.io.release(&mut self.spent);
         }
