@@ -75,7 +75,10 @@ pub enum ProgressMode {
         /// CPU to pin it to (`None`: not pinned).
         #[serde(default)]
         core: Option<usize>,
-        /// Never back off when idle (for an isolated core).
+        /// Never back off when idle (for an isolated core). Give `core`
+        /// too: unpinned, the spinning thread may share a CPU with others,
+        /// which then wait for whole time slices (milliseconds) for it, or
+        /// it for them.
         #[serde(default)]
         spin: bool,
     },
@@ -771,6 +774,13 @@ impl Engine {
         match cfg.progress {
             ProgressMode::Inline => engine.inline = Some(driver),
             ProgressMode::Thread { core, spin } => {
+                if spin && core.is_none() {
+                    tracing::warn!(
+                        "a polling thread that spins with no CPU of its own may share one with \
+                         other threads, which then wait whole time slices for it: give it a core \
+                         (ProgressMode::Thread {{ core: Some(cpu), .. }}, `cores` in a cluster file)"
+                    );
+                }
                 let shared = engine.shared.clone();
                 let (producers, consumers): (Vec<_>, Vec<_>) = (0..engine.locals.len())
                     .map(|_| rtrb::RingBuffer::new(ring))
