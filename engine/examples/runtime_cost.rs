@@ -66,14 +66,15 @@ fn main() {
         )
         .unwrap();
         let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
-        let streams = [("stream", 1 << 20, 4), ("rate", 8, 64)];
-        if let Some(&(_, size, window)) = streams
+        let streams = [("stream", 1 << 20, 4), ("rate", 8, 64), ("late", 8, 64)];
+        if let Some(&(name, size, window)) = streams
             .iter()
             .find(|s| std::env::args().nth(3).as_deref() == Some(s.0))
         {
             let region = dpdk_ffi::ExtMem::with_pages(&eal, 64 << 20, false).unwrap();
             region.dma_map(&pa).unwrap();
-            stream(&mut a, &mut b, &region, n, size, window, how);
+            let late = name == "late";
+            stream(&mut a, &mut b, &region, n, (size, window, late), how);
             return;
         }
         report(&format!("memif pair, {how}"), &measure(&mut a, &mut b, n));
@@ -109,7 +110,10 @@ fn report(link: &str, results: &[f64]) {
 /// Streams `n` messages of `size` bytes from registered memory, `window`
 /// in flight, from `a` into registered receive buffers at `b`: the CPU cost
 /// of both sides of a bandwidth (`stream`: 1 MiB, 4 in flight) or message
-/// rate (`rate`: 8 B, 64 in flight) test on one core. (Never inlined, so
+/// rate (`rate`: 8 B, 64 in flight) test on one core. With `late` (`late`:
+/// 8 B, 64 in flight) `b` posts each receive only once its message's send
+/// completed, so that every message arrives unexpected: the cost of the
+/// unexpected store against `rate`'s. (Never inlined, so
 /// that `valgrind --tool=callgrind --toggle-collect=runtime_cost::stream`
 /// counts it alone.)
 #[inline(never)]
@@ -118,8 +122,7 @@ fn stream(
     b: &mut Endpoint,
     region: &dpdk_ffi::ExtMem,
     n: u32,
-    size: usize,
-    window: usize,
+    (size, window, late): (usize, usize, bool),
     how: &str,
 ) {
     let (to_b, to_a) = (Addr::new(2, 0), Addr::new(1, 0));
@@ -135,18 +138,27 @@ fn stream(
     );
     let t0 = Instant::now();
     let (mut sent, mut got) = (0u32, 0u32);
+    // Receives posted, and sends completed (`late` posts no more than those).
+    let (mut posted, mut done) = (0u32, 0u32);
     while got < n {
         while sent < n && !sbufs.is_empty() {
             sends.push_back(a.isend(to_b, 1, sbufs.pop().unwrap()).unwrap());
             sent += 1;
         }
-        while let Some(r) = rbufs.pop() {
+        while !late || posted < done {
+            let Some(r) = rbufs.pop() else { break };
             recvs.push_back(b.irecv(Some(to_a), 1, u64::MAX, r).unwrap());
+            posted += 1;
+        }
+        if recvs.is_empty() {
+            // Nothing for `b` to look at: drive it (its acks finish the sends).
+            b.progress();
         }
         while let Some(&s) = sends.front() {
             let Some(c) = a.test(s).unwrap() else { break };
             sends.pop_front();
             sbufs.push(c.into_send().unwrap());
+            done += 1;
         }
         while let Some(&r) = recvs.front() {
             let Some(c) = b.test(r).unwrap() else { break };
