@@ -268,6 +268,10 @@ pub(crate) struct InMsg {
     pub(crate) charge: u32,
     /// Left over from a session that ended; not in the id map any more.
     pub(crate) orphan: bool,
+    /// In the id map (`msg_map`), where its later fragments, pulls and
+    /// matching find it. A whole eager message queued as unexpected on arrival
+    /// is not: nothing looks it up by id, only the unexpected queue finds it.
+    pub(crate) mapped: bool,
 }
 
 /// A reliable frame sent (or, for control frames, queued) and not yet acknowledged:
@@ -508,6 +512,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             store: NIL,
             charge: 0,
             orphan: false,
+            mapped: false,
         };
         Ok(Core {
             peer_credit: cfg.peer_credit(),

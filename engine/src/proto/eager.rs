@@ -107,7 +107,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         if h.msg_len() > self.cfg.eager_threshold {
             return Err(DropReason::Protocol);
         }
-        let open = !self.peers[p as usize].msgs.is_empty();
+        let open = self.peers[p as usize].mapped != 0;
         if let Some(&m) = open
             .then(|| self.msg_map.get(&msg_key(p, h.msg_id())))
             .flatten()
@@ -185,7 +185,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Applies a new EAGER fragment (checked by [`check_eager`](Self::check_eager)).
     pub(crate) fn on_eager(&mut self, now: Time, p: u16, h: impl Envelope, payload: &[u8]) {
         // No open message from this peer: no need to look one up (the common case).
-        let open = !self.peers[p as usize].msgs.is_empty();
+        let open = self.peers[p as usize].mapped != 0;
         if let Some(&m) = open
             .then(|| self.msg_map.get(&msg_key(p, h.msg_id())))
             .flatten()
@@ -241,6 +241,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // A late fragment of an aborted receive (check_eager let nothing else by).
             return;
         }
+        let matchable = h.msg_id() == self.peers[p as usize].next_match;
+        // A whole message that could be matched now found no receive above:
+        // it is unexpected, and needs no entry in the id map (no fragment of
+        // it is to come, and it is matched already).
+        let whole_unexpected = matchable && payload.len() as u64 == h.msg_len();
         let new = self.new_msg(
             p,
             h.msg_id(),
@@ -254,7 +259,18 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             debug_assert!(false, "unexpected store exhausted despite credits");
             return;
         };
-        let matchable = h.msg_id() == self.peers[p as usize].next_match;
+        if whole_unexpected {
+            self.deliver_eager(m, h.frag_offset(), payload);
+            let peer = &mut self.peers[p as usize];
+            peer.next_match = peer.next_match.wrapping_add(1);
+            self.queue_unexpected(m);
+            if self.peers[p as usize].mapped != 0 {
+                // Messages that arrived ahead of this one may be matchable now.
+                self.advance_matching(now, p);
+            }
+            return;
+        }
+        self.map_msg(m);
         if matchable && (payload.len() as u64) < h.msg_len() {
             // The first fragment of a message that spans frames: match it before its
             // data lands, so that a posted receive gets the data straight away rather

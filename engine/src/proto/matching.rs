@@ -126,7 +126,8 @@ impl Store {
 
 // Matching against the core's queues: envelopes, the posted and unexpected queues, binding.
 impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
-    /// Allocates an envelope for a new message from `p` (not matchable yet).
+    /// Allocates an envelope for a new message from `p` (not matchable yet),
+    /// not yet in the id map (see [`map_msg`](Self::map_msg)).
     pub(crate) fn new_msg(
         &mut self,
         p: u16,
@@ -160,14 +161,24 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             store,
             charge: charge as u32,
             orphan: false,
+            mapped: false,
         };
         let peer = &mut self.peers[p as usize];
         peer.held += charge;
         self.held_total += charge;
         self.stats.unexpected_high_water = self.stats.unexpected_high_water.max(self.held_total);
         self.msg_peer_links.push_back(&mut peer.msgs, m);
-        self.msg_map.insert(msg_key(p, msg_id), m);
         Some(m)
+    }
+
+    /// Enters envelope `m` in the id map, where its later fragments, pulls
+    /// and matching find it (see [`InMsg::mapped`]).
+    pub(crate) fn map_msg(&mut self, m: u32) {
+        let msg = &mut self.msgs[m as usize];
+        msg.mapped = true;
+        let key = msg_key(msg.peer, msg.msg_id);
+        self.peers[msg.peer as usize].mapped += 1;
+        self.msg_map.insert(key, m);
     }
 
     /// Gives an envelope's credit back to its sender (it no longer occupies the store).
@@ -216,7 +227,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         self.msgs[m as usize].charge = 0;
         let peer = &mut self.peers[msg.peer as usize];
         self.msg_peer_links.remove(&mut peer.msgs, m);
-        if !msg.orphan {
+        if msg.mapped {
+            peer.mapped -= 1;
             self.msg_map.remove(&msg_key(msg.peer, msg.msg_id));
         }
         self.msg_free.release(m);
@@ -306,11 +318,18 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 self.recv_links.remove(&mut self.posted, r);
                 self.bind(now, m, r);
             } else {
-                self.msgs[m as usize].state = MsgState::Unexpected;
-                self.msg_links.push_back(&mut self.unexpected, m);
-                self.stats.unexpected += 1;
+                self.queue_unexpected(m);
             }
         }
+    }
+
+    /// Queues message `m`, its peer's next to match (already counted past),
+    /// which no posted receive takes, as unexpected: the receive posted for
+    /// it will find it there.
+    pub(crate) fn queue_unexpected(&mut self, m: u32) {
+        self.msgs[m as usize].state = MsgState::Unexpected;
+        self.msg_links.push_back(&mut self.unexpected, m);
+        self.stats.unexpected += 1;
     }
 }
 

@@ -88,6 +88,9 @@ pub(crate) struct Peer {
     pub(crate) next_match: u32,
     /// Message envelopes from this peer.
     pub(crate) msgs: List,
+    /// How many of them are in the id map (see `InMsg::mapped`): while none
+    /// is, an arriving fragment starts a message, with no lookup.
+    pub(crate) mapped: u32,
     /// Set by [`Core::abort_all`]: the peer's messages with ids below this one may have
     /// lost their receive while data was still coming, so late EAGER and PULL_DATA frames
     /// of them are acknowledged and discarded instead of refused.
@@ -151,6 +154,7 @@ impl Peer {
             held: 0,
             next_match: 0,
             msgs: List::default(),
+            mapped: 0,
             recvs_aborted_below: None,
             last_heard: Time::ZERO,
             live_base: Time::ZERO,
@@ -363,7 +367,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                         self.msg_links.remove(&mut self.unexpected, m);
                         self.free_msg(m);
                     } else if !msg.orphan {
-                        self.msg_map.remove(&msg_key(p, msg.msg_id));
+                        if msg.mapped {
+                            self.msg_map.remove(&msg_key(p, msg.msg_id));
+                            self.msgs[m as usize].mapped = false;
+                            self.peers[p as usize].mapped -= 1;
+                        }
                         self.msgs[m as usize].orphan = true;
                     }
                 }

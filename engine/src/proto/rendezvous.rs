@@ -56,13 +56,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     }
 
     pub(crate) fn on_rts(&mut self, now: Time, p: u16, h: &Header) {
-        if self
-            .new_msg(p, h.msg_id, true, h.match_bits, h.msg_len, h.frag_unit)
-            .is_none()
-        {
+        let new = self.new_msg(p, h.msg_id, true, h.match_bits, h.msg_len, h.frag_unit);
+        let Some(m) = new else {
             debug_assert!(false, "envelope table exhausted despite check");
             return;
-        }
+        };
+        self.map_msg(m);
         if h.msg_id == self.peers[p as usize].next_match {
             self.advance_matching(now, p);
         }
