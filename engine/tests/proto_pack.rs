@@ -337,3 +337,59 @@ fn short_payloads_are_copied_in_place_longer_ones_referenced() {
     assert_eq!((tx.header_len, tx.copied), (FRAME_HEADER_LEN, 0));
     assert_eq!(tx.payload.map(|p| p.len), Some(10), "no room: by reference");
 }
+
+/// Queues `n` messages of `len` bytes at core 0 for core 1 at `now`, after one
+/// sent alone (in flight), and says which should leave in the call that
+/// queued them (`Core::send_leaves_now`).
+fn leave_now(sim: &mut TestSim, now: Time, n: u64, len: usize) -> Vec<bool> {
+    let first = sim.core(0).send(now, addr(1), 0, vec![0; 8], 0).unwrap();
+    assert!(sim.core_ref(0).send_leaves_now(first, now), "alone");
+    let _ = next_frame(sim);
+    (1..=n)
+        .map(|k| {
+            let id = sim.core(0).send(now, addr(1), k, vec![1; len], 0).unwrap();
+            sim.core_ref(0).send_leaves_now(id, now)
+        })
+        .collect()
+}
+
+#[test]
+fn a_full_pack_leaves_at_once_in_a_one_way_stream() {
+    let cfg = CoreConfig::default();
+    let batch = u64::from(cfg.pack_max).max(16);
+    let every = |n: u64| (1..=n).map(|k| k % batch == 0).collect::<Vec<_>>();
+
+    // Core 1 has sent core 0 nothing but acknowledgements: every full batch
+    // of small messages queued behind the one in flight leaves at once.
+    let mut sim = ready_pair(&cfg);
+    let now = sim.now();
+    assert_eq!(leave_now(&mut sim, now, 2 * batch, 8), every(2 * batch));
+    // Messages too long to pack wait for the progress call.
+    let mut sim = ready_pair(&cfg);
+    let now = sim.now();
+    let long = cfg.pack_below as usize + 1;
+    assert!(!leave_now(&mut sim, now, batch, long).contains(&true));
+
+    // Core 1 sends too: its message arrived just now, and the batches wait
+    // for the progress call, which also carries its acknowledgement...
+    let mut sim = ready_pair(&cfg);
+    let now = sim.now();
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 2, !0, vec![0; 8], 0)
+        .unwrap();
+    sim.core(1).send(now, addr(0), 2, vec![2; 8], 0).unwrap();
+    sim.run_until(now + Duration::from_millis(1), |sim| {
+        drain(sim).iter().any(|(i, _)| *i == 0)
+    });
+    let now = sim.now();
+    assert!(!leave_now(&mut sim, now, batch, 8).contains(&true));
+    // ...until it has been silent for `ack_delay`: the next batch's last.
+    let later = now + cfg.ack_delay;
+    let last = (0..batch)
+        .map(|k| sim.core(0).send(later, addr(1), 10 + k, vec![3; 8], 0))
+        .last()
+        .unwrap()
+        .unwrap();
+    assert!(!sim.core_ref(0).send_leaves_now(last, now));
+    assert!(sim.core_ref(0).send_leaves_now(last, later));
+}

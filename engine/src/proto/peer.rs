@@ -77,6 +77,10 @@ pub(crate) struct Peer {
 
     // Receive half.
     pub(crate) rcv: RecvWindow,
+    /// When the peer's latest new reliable frame (not an ack) arrived: a peer
+    /// that sends too makes this core's sends wait for the progress call
+    /// that carries the acknowledgements (see `Core::send_leaves_now`).
+    pub(crate) data_at: Time,
     pub(crate) unacked: u32,
     pub(crate) ack_at: Time,
     pub(crate) ack_now: bool,
@@ -148,6 +152,7 @@ impl Peer {
             rcv: RecvWindow::default(),
             unacked: 0,
             ack_at: Time::NEVER,
+            data_at: Time::ZERO,
             ack_now: false,
             credit_released: 0,
             credit_advertised: 0,

@@ -264,8 +264,9 @@ impl<L: PacketIo> Driver<L> {
 
     /// Hands the link what the cores have ready at `now`, without polling
     /// it or running timers; returns how many frames it took. An inline
-    /// runtime calls it for a send that goes alone (see
-    /// [`Core::send_goes_alone`](crate::proto::Core::send_goes_alone)), so
+    /// runtime calls it for a send that goes alone, or that fills a frame of
+    /// a one-way stream (see
+    /// [`Core::send_leaves_now`](crate::proto::Core::send_leaves_now)), so
     /// that the message leaves in the call that started it.
     pub fn flush(&mut self, now: Time) -> usize {
         self.transmit(now)

@@ -1541,8 +1541,9 @@ impl Endpoint {
                         // flight leaves now, not at the next progress call:
                         // computing after `isend` does not hold it back.
                         // Others wait for that call and leave together
-                        // (packed).
-                        if !id.is_recv() && core.send_goes_alone(id) {
+                        // (packed), or a full frame at a time in a one-way
+                        // stream.
+                        if !id.is_recv() && core.send_leaves_now(id, &mut now) {
                             d.flush(now.now());
                         }
                         Ok(Some(id))
