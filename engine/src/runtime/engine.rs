@@ -1413,6 +1413,9 @@ impl Endpoint {
     /// queued ahead of it leaves in this call; one that finds others in
     /// flight waits for the next progress call (`test`, `wait`, `progress`),
     /// where the messages queued by then leave together, small ones packed.
+    /// In a one-way stream, the small message that fills a frame's pack
+    /// leaves with the pack in this call
+    /// ([`Core::send_leaves_now`](crate::proto::Core::send_leaves_now)).
     pub fn isend(
         &mut self,
         dst: Addr,
