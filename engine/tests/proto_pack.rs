@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use emx::proto::{ChecksumMode, Completion, CoreConfig, DropReason, Time};
+use emx::proto::{ChecksumMode, Completion, CoreConfig, DropReason, RequestId, Time};
 use emx::sim::LinkConfig;
 use emx::wire::{
     write_pack_record, Frame, FrameType, Header, Packed, DEFAULT_ETHERTYPE, FRAME_HEADER_LEN,
@@ -340,17 +340,25 @@ fn short_payloads_are_copied_in_place_longer_ones_referenced() {
 
 /// Queues `n` messages of `len` bytes at core 0 for core 1 at `now`, after one
 /// sent alone (in flight), and says which should leave in the call that
-/// queued them (`Core::send_leaves_now`).
-fn leave_now(sim: &mut TestSim, now: Time, n: u64, len: usize) -> Vec<bool> {
+/// queued them (`Core::send_leaves_now`); those leave, as a runtime sends
+/// them. Returns the last one's id too.
+fn leave_now(sim: &mut TestSim, now: Time, n: u64, len: usize) -> (Vec<bool>, RequestId) {
     let first = sim.core(0).send(now, addr(1), 0, vec![0; 8], 0).unwrap();
     assert!(sim.core_ref(0).send_leaves_now(first, now), "alone");
     let _ = next_frame(sim);
-    (1..=n)
+    let mut last = first;
+    let leaves = (1..=n)
         .map(|k| {
-            let id = sim.core(0).send(now, addr(1), k, vec![1; len], 0).unwrap();
-            sim.core_ref(0).send_leaves_now(id, now)
+            last = sim.core(0).send(now, addr(1), k, vec![1; len], 0).unwrap();
+            let now_ = sim.core_ref(0).send_leaves_now(last, now);
+            if now_ {
+                let f = next_frame(sim);
+                assert_eq!(header(&f).frame_type, FrameType::Pack);
+            }
+            now_
         })
-        .collect()
+        .collect();
+    (leaves, last)
 }
 
 #[test]
@@ -363,14 +371,14 @@ fn a_full_pack_leaves_at_once_in_a_one_way_stream() {
     // of small messages queued behind the one in flight leaves at once.
     let mut sim = ready_pair(&cfg);
     let now = sim.now();
-    assert_eq!(leave_now(&mut sim, now, 2 * batch, 8), every(2 * batch));
+    assert_eq!(leave_now(&mut sim, now, 3 * batch, 8).0, every(3 * batch));
     // Messages too long to pack wait for the progress call.
     let mut sim = ready_pair(&cfg);
     let now = sim.now();
     let long = cfg.pack_below as usize + 1;
-    assert!(!leave_now(&mut sim, now, batch, long).contains(&true));
+    assert!(!leave_now(&mut sim, now, batch, long).0.contains(&true));
 
-    // Core 1 sends too: its message arrived just now, and the batches wait
+    // Core 1 sends too: its message arrived just now, and the batch waits
     // for the progress call, which also carries its acknowledgement...
     let mut sim = ready_pair(&cfg);
     let now = sim.now();
@@ -382,14 +390,8 @@ fn a_full_pack_leaves_at_once_in_a_one_way_stream() {
         drain(sim).iter().any(|(i, _)| *i == 0)
     });
     let now = sim.now();
-    assert!(!leave_now(&mut sim, now, batch, 8).contains(&true));
-    // ...until it has been silent for `ack_delay`: the next batch's last.
-    let later = now + cfg.ack_delay;
-    let last = (0..batch)
-        .map(|k| sim.core(0).send(later, addr(1), 10 + k, vec![3; 8], 0))
-        .last()
-        .unwrap()
-        .unwrap();
-    assert!(!sim.core_ref(0).send_leaves_now(last, now));
-    assert!(sim.core_ref(0).send_leaves_now(last, later));
+    let (leaves, last) = leave_now(&mut sim, now, batch, 8);
+    assert!(!leaves.contains(&true));
+    // ...until it has been silent for `ack_delay`.
+    assert!(sim.core_ref(0).send_leaves_now(last, now + cfg.ack_delay));
 }

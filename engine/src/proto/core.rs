@@ -845,24 +845,23 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // (The ping-pong's case, inline: the rest is a stream's.)
             return peer.inflight.is_empty() && peer.ctrl.is_empty();
         }
-        self.fills_pack(s, peer, now)
+        // Messages from the cursor's to this one (numbered in order per
+        // peer): those queued and not yet sent. Once a batch is, it leaves,
+        // and the count starts again behind it; a batch that cannot leave
+        // (window or credit) waits for the progress call.
+        peer.cursor != NIL
+            && s.msg_id
+                .wrapping_sub(self.sends[peer.cursor as usize].msg_id)
+                .wrapping_add(1)
+                == u32::from(self.cfg.pack_max).max(16)
+            && self.fills_pack(s, peer, now)
     }
 
-    /// Whether send `s`, queued behind others for `peer`, fills a PACK of a
-    /// one-way stream (see [`send_leaves_now`](Self::send_leaves_now)).
+    /// Whether send `s`, the last of a batch queued for `peer`, fills a PACK
+    /// of a one-way stream (see [`send_leaves_now`](Self::send_leaves_now)).
     #[inline(never)]
     fn fills_pack(&self, s: &SendSlot<S>, peer: &Peer, mut now: impl Now) -> bool {
-        if peer.cursor == NIL || !self.packable(s) {
-            return false;
-        }
-        // Messages from the cursor's to this one (numbered in order per
-        // peer): those queued and not yet sent.
-        let queued = s
-            .msg_id
-            .wrapping_sub(self.sends[peer.cursor as usize].msg_id)
-            .wrapping_add(1);
-        queued % u32::from(self.cfg.pack_max).max(16) == 0
-            && now.now().saturating_since(peer.data_at) >= self.cfg.ack_delay
+        self.packable(s) && now.now().saturating_since(peer.data_at) >= self.cfg.ack_delay
     }
 
     /// Posts a receive for a message from `src` (any peer when `None`) whose match bits
