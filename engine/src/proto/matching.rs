@@ -181,6 +181,17 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         self.msg_map.insert(key, m);
     }
 
+    /// Takes envelope `m` out of the id map, if it is there.
+    pub(crate) fn unmap_msg(&mut self, m: u32) {
+        let msg = &mut self.msgs[m as usize];
+        if msg.mapped {
+            msg.mapped = false;
+            let key = msg_key(msg.peer, msg.msg_id);
+            self.peers[msg.peer as usize].mapped -= 1;
+            self.msg_map.remove(&key);
+        }
+    }
+
     /// Gives an envelope's credit back to its sender (it no longer occupies the store).
     pub(crate) fn release_charge(&mut self, now: Time, m: u32) {
         let msg = &mut self.msgs[m as usize];
@@ -227,10 +238,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         self.msgs[m as usize].charge = 0;
         let peer = &mut self.peers[msg.peer as usize];
         self.msg_peer_links.remove(&mut peer.msgs, m);
-        if msg.mapped {
-            peer.mapped -= 1;
-            self.msg_map.remove(&msg_key(msg.peer, msg.msg_id));
-        }
+        self.unmap_msg(m);
         self.msg_free.release(m);
     }
 

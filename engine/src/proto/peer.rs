@@ -7,7 +7,7 @@
 //! nothing else: frame records, requests and message envelopes live in shared,
 //! preallocated tables and are only linked from here. This module must not emit frames.
 
-use super::core::{msg_key, Core, MsgState, NO_PEER};
+use super::core::{Core, MsgState, NO_PEER};
 use super::reliability::{RecvWindow, RttEstimator};
 use super::slab::{List, NIL};
 use super::stats::PeerStats;
@@ -372,11 +372,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                         self.msg_links.remove(&mut self.unexpected, m);
                         self.free_msg(m);
                     } else if !msg.orphan {
-                        if msg.mapped {
-                            self.msg_map.remove(&msg_key(p, msg.msg_id));
-                            self.msgs[m as usize].mapped = false;
-                            self.peers[p as usize].mapped -= 1;
-                        }
+                        self.unmap_msg(m);
                         self.msgs[m as usize].orphan = true;
                     }
                 }
