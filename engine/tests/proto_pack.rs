@@ -350,12 +350,12 @@ fn leave_now(sim: &mut TestSim, now: Time, n: u64, len: usize) -> (Vec<bool>, Re
     let leaves = (1..=n)
         .map(|k| {
             last = sim.core(0).send(now, addr(1), k, vec![1; len], 0).unwrap();
-            let now_ = sim.core_ref(0).send_leaves_now(last, now);
-            if now_ {
+            let leaves = sim.core_ref(0).send_leaves_now(last, now);
+            if leaves {
                 let f = next_frame(sim);
                 assert_eq!(header(&f).frame_type, FrameType::Pack);
             }
-            now_
+            leaves
         })
         .collect();
     (leaves, last)
