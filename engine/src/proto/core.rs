@@ -43,7 +43,7 @@
 use super::frags::Frags;
 use super::matching::{eager_charge, matches, rts_charge, Store, MSG_OVERHEAD};
 use super::peer::Peer;
-use super::slab::{id_map, FreeList, IdMap, Links, List, MinTree, NIL};
+use super::slab::{id_map, FreeList, IdMap, Links, List, MinTree, ZeroedLinks, NIL};
 use super::stats::{CoreStats, PeerInfo, PeerStats};
 use super::{
     Addr, ChecksumMode, ConfigError, CoreConfig, Now, PeerError, PeerId, RecvError, Rejected,
@@ -374,9 +374,9 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     pub(crate) msgs: Vec<InMsg>,
     pub(crate) msg_free: FreeList,
     /// The unexpected queue.
-    pub(crate) msg_links: Links,
+    pub(crate) msg_links: ZeroedLinks,
     /// Per-peer envelope lists.
-    pub(crate) msg_peer_links: Links,
+    pub(crate) msg_peer_links: ZeroedLinks,
     pub(crate) unexpected: List,
     pub(crate) msg_map: IdMap<u64, u32>,
     pub(crate) store: Store,
@@ -498,22 +498,6 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 pull: PullState::default(),
             })
             .collect();
-        let empty_msg = InMsg {
-            peer: NO_PEER,
-            msg_id: 0,
-            rndv: false,
-            match_bits: 0,
-            len: 0,
-            received: 0,
-            unit: 0,
-            frags: Frags::default(),
-            state: MsgState::Waiting,
-            recv: NIL,
-            store: NIL,
-            charge: 0,
-            orphan: false,
-            mapped: false,
-        };
         Ok(Core {
             peer_credit: cfg.peer_credit(),
             max_payload: cfg.frame_payload(),
@@ -536,10 +520,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             recv_free: FreeList::new(cfg.max_recvs),
             recv_links: Links::new(cfg.max_recvs),
             posted: List::default(),
-            msgs: vec![empty_msg; n_msgs],
+            // Reserved, not written: an envelope is written when first taken
+            // (`new_msg`), so the pages of the table (17 MiB at the default
+            // store) are touched as far as messages have waited at once.
+            msgs: Vec::with_capacity(n_msgs),
             msg_free: FreeList::new(n_msgs),
-            msg_links: Links::new(n_msgs),
-            msg_peer_links: Links::new(n_msgs),
+            msg_links: ZeroedLinks::new(n_msgs),
+            msg_peer_links: ZeroedLinks::new(n_msgs),
             unexpected: List::default(),
             msg_map: id_map(n_msgs),
             store: Store::new(cfg.unexpected_bytes),
@@ -2323,6 +2310,48 @@ mod tests {
             Some(mac(1)),
             "the forged address is not kept"
         );
+    }
+
+    /// The envelope table is sized for a full store (about 263,000 entries
+    /// at the default 64 MiB) but written only as far as messages have
+    /// waited at once: a core that never held an unexpected message holds
+    /// no envelope, and one that held a few holds that many, however many
+    /// came and went.
+    #[test]
+    fn envelopes_are_written_as_far_as_messages_wait() {
+        let cfg = CoreConfig::default();
+        let mut sim: Sim<Vec<u8>, Vec<u8>> = Sim::new(LinkConfig::default());
+        for i in 0..2u16 {
+            let mut c = Core::new(cfg.clone(), addr(i), mac(i as u8), 1, Time::ZERO).unwrap();
+            c.add_peer(addr(1 - i), mac(1 - i as u8)).unwrap();
+            sim.add_core(c);
+        }
+        assert!(sim.core_ref(1).msg_free.size() > 200_000);
+        assert_eq!(sim.core_ref(1).msgs.len(), 0);
+        let mut taken = 0;
+        for round in 0..5u64 {
+            // Three messages arrive before their receives.
+            let now = sim.now();
+            for k in 0..3 {
+                sim.core(0)
+                    .send(now, addr(1), round * 3 + k, vec![k as u8; 8], 0)
+                    .unwrap();
+            }
+            assert!(sim.run_until(sim.now() + Duration::from_millis(50), |sim| {
+                sim.core_ref(1).unexpected.len == 3
+            }));
+            let now = sim.now();
+            for k in 0..3 {
+                sim.core(1)
+                    .post_recv(now, None, round * 3 + k, !0, vec![0; 8], 0)
+                    .unwrap();
+            }
+            while let Some(c) = sim.core(1).poll_completion() {
+                taken += usize::from(matches!(c, Completion::Recv(d) if d.result.is_ok()));
+            }
+            assert_eq!(sim.core_ref(1).msgs.len(), 3, "round {round}");
+        }
+        assert_eq!(taken, 15);
     }
 
     /// The default configuration without checksums, for frames built by hand.

@@ -57,7 +57,9 @@ impl Store {
         let n = (total as usize).div_ceil(CHUNK);
         Store {
             bytes: vec![0; n * CHUNK],
-            next: vec![NIL; n],
+            // (each chunk's link is written when the chunk is taken: zeroed
+            // memory, which the allocator need not write, will do)
+            next: vec![0; n],
             free: FreeList::new(n),
         }
     }
@@ -147,7 +149,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.store.free(store);
             return None;
         };
-        self.msgs[m as usize] = InMsg {
+        let msg = InMsg {
             peer: p,
             msg_id,
             rndv,
@@ -163,6 +165,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             orphan: false,
             mapped: false,
         };
+        if m as usize == self.msgs.len() {
+            // First taken (see `FreeList`: fresh ones come in order).
+            self.msgs.push(msg);
+        } else {
+            self.msgs[m as usize] = msg;
+        }
         let peer = &mut self.peers[p as usize];
         peer.held += charge;
         self.held_total += charge;

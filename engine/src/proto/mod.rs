@@ -340,8 +340,11 @@ pub struct CoreConfig {
     /// it must cover the link's bandwidth times the time credit takes to come back. That
     /// time includes the receiver's work on a whole receive burst before its ack leaves
     /// (32 frames of 9 KiB at MTU 9000, 288 KiB). The default, 64 MiB, gives each of 64
-    /// peers 1 MiB: 32 eager messages of the largest size. The store's memory is
-    /// touched only as unexpected messages fill it.
+    /// peers 1 MiB: 32 eager messages of the largest size. The store's memory, and
+    /// that of the envelope table sized with it (an envelope per 256 bytes, with its
+    /// links and id map: about 30 MiB reserved at the default), is touched only as
+    /// unexpected messages fill them: a core that never holds more than a few at once
+    /// keeps about 0.5 MiB of it resident (the id map's control bytes).
     pub unexpected_bytes: u64,
     /// Most bytes one rendezvous pull asks for. The receiver rounds it down to a whole
     /// number of the sender's frame payloads (its fragment unit, which its RTS names;

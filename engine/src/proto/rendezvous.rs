@@ -189,7 +189,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // Every NOTIFY waiting is for an envelope that was there when the
             // table filled (RTSes are refused meanwhile): fewer than the
             // envelope table holds.
-            if self.starved_notifies.len() < self.msgs.len() {
+            if self.starved_notifies.len() < self.msg_free.size() {
                 self.starved_notifies.push_back((p, msg_id));
             } else {
                 debug_assert!(false, "more NOTIFYs waiting than envelopes");

@@ -38,39 +38,69 @@ pub(crate) fn shift_down(bits: &mut [u64], n: usize) {
     }
 }
 
-/// A stack of free indices.
+/// A stack of free indices over a table of `n`. Indices never handed out
+/// are counted, not listed: they come in increasing order after the stack
+/// is empty, so that a table sized for its worst case (the envelopes, about
+/// 263,000 at the default store) is written only as far as it is used.
 #[derive(Debug, Clone)]
 pub(crate) struct FreeList {
     free: Vec<u32>,
+    /// Indices from here to `n` were never handed out.
+    fresh: u32,
+    n: u32,
 }
 
 impl FreeList {
     pub(crate) fn new(n: usize) -> Self {
+        let n = u32::try_from(n).expect("a table of fewer than 2^32 entries");
         FreeList {
-            free: (0..n as u32).rev().collect(),
+            // (reserved, not written: its pages are touched as it fills)
+            free: Vec::with_capacity(n as usize),
+            fresh: 0,
+            n,
         }
     }
     #[inline]
     pub(crate) fn alloc(&mut self) -> Option<u32> {
-        self.free.pop()
+        if let Some(i) = self.free.pop() {
+            return Some(i);
+        }
+        (self.fresh < self.n).then(|| {
+            self.fresh += 1;
+            self.fresh - 1
+        })
     }
     #[inline]
     pub(crate) fn release(&mut self, i: u32) {
-        debug_assert!(self.free.len() < self.free.capacity() || !self.free.is_empty());
+        debug_assert!(i < self.fresh && self.free.len() < self.fresh as usize);
         self.free.push(i);
     }
     pub(crate) fn available(&self) -> usize {
-        self.free.len()
+        self.free.len() + (self.n - self.fresh) as usize
+    }
+    /// The table's size: every index it can hand out is below it.
+    pub(crate) fn size(&self) -> usize {
+        self.n as usize
     }
 }
 
 /// Links of one intrusive list family: each slab entry can sit in at most one list of
 /// the family.
+///
+/// `ZEROED` links keep each index plus one, so that `NIL` is 0 and a new
+/// table is zeroed memory, which the allocator hands over without writing
+/// it: for the envelope tables, sized for their worst case (2 MiB of links
+/// each at the default store) and used as far as messages wait at once. The
+/// others keep indices as they are (one add fewer per link on the paths
+/// every frame takes).
 #[derive(Debug, Clone)]
-pub(crate) struct Links {
+pub(crate) struct Links<const ZEROED: bool = false> {
     prev: Vec<u32>,
     next: Vec<u32>,
 }
+
+/// Envelope links (see [`Links`]).
+pub(crate) type ZeroedLinks = Links<true>;
 
 /// The head of an intrusive list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,44 +127,65 @@ impl List {
     }
 }
 
-impl Links {
+impl<const ZEROED: bool> Links<ZEROED> {
     pub(crate) fn new(n: usize) -> Self {
         Links {
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
+            prev: vec![Self::enc(NIL); n],
+            next: vec![Self::enc(NIL); n],
+        }
+    }
+    /// Index `i` as a link stores it.
+    #[inline]
+    fn enc(i: u32) -> u32 {
+        if ZEROED {
+            i.wrapping_add(1)
+        } else {
+            i
+        }
+    }
+    /// A stored link as an index.
+    #[inline]
+    fn dec(v: u32) -> u32 {
+        if ZEROED {
+            v.wrapping_sub(1)
+        } else {
+            v
         }
     }
     #[inline]
     pub(crate) fn next(&self, i: u32) -> u32 {
-        self.next[i as usize]
+        Self::dec(self.next[i as usize])
     }
     #[inline]
     pub(crate) fn push_back(&mut self, l: &mut List, i: u32) {
-        self.prev[i as usize] = l.tail;
-        self.next[i as usize] = NIL;
+        self.prev[i as usize] = Self::enc(l.tail);
+        self.next[i as usize] = Self::enc(NIL);
         if l.tail == NIL {
             l.head = i;
         } else {
-            self.next[l.tail as usize] = i;
+            self.next[l.tail as usize] = Self::enc(i);
         }
         l.tail = i;
         l.len += 1;
     }
     #[inline]
     pub(crate) fn remove(&mut self, l: &mut List, i: u32) {
-        let (p, n) = (self.prev[i as usize], self.next[i as usize]);
+        let (p, n) = (
+            Self::dec(self.prev[i as usize]),
+            Self::dec(self.next[i as usize]),
+        );
         if p == NIL {
             l.head = n;
         } else {
-            self.next[p as usize] = n;
+            self.next[p as usize] = Self::enc(n);
         }
         if n == NIL {
             l.tail = p;
         } else {
-            self.prev[n as usize] = p;
+            self.prev[n as usize] = Self::enc(p);
         }
-        self.prev[i as usize] = NIL;
-        self.next[i as usize] = NIL;
+        self.prev[i as usize] = Self::enc(NIL);
+        self.next[i as usize] = Self::enc(NIL);
         l.len -= 1;
     }
     #[inline]
@@ -276,21 +327,62 @@ pub(crate) fn id_map<K, V>(cap: usize) -> IdMap<K, V> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn list_ops() {
-        let mut links = Links::new(8);
+    fn list_ops_on<const Z: bool>() {
+        let mut links = Links::<Z>::new(8);
         let mut l = List::default();
         for i in 0..5 {
             links.push_back(&mut l, i);
         }
+        assert_eq!(links.next(4), NIL);
+        assert_eq!(links.next(0), 1);
         links.remove(&mut l, 2);
+        assert_eq!(links.next(1), 3);
         links.remove(&mut l, 0);
         links.remove(&mut l, 4);
         assert_eq!(l.len, 2);
+        assert_eq!(links.next(3), NIL);
         assert_eq!(links.pop_front(&mut l), Some(1));
         assert_eq!(links.pop_front(&mut l), Some(3));
         assert_eq!(links.pop_front(&mut l), None);
         assert!(l.is_empty());
+        // An entry taken out is unlinked, as one never linked.
+        assert_eq!(links.next(2), NIL);
+        assert_eq!(links.next(7), NIL);
+    }
+
+    #[test]
+    fn list_ops() {
+        list_ops_on::<false>();
+    }
+
+    #[test]
+    fn zeroed_list_ops() {
+        list_ops_on::<true>();
+        // Index 0 and the last index survive the shift by one.
+        let mut links = ZeroedLinks::new(3);
+        let mut l = List::default();
+        links.push_back(&mut l, 2);
+        links.push_back(&mut l, 0);
+        assert_eq!(
+            (l.head, l.tail, links.next(2), links.next(0)),
+            (2, 0, 0, NIL)
+        );
+    }
+
+    #[test]
+    fn free_list_hands_out_in_order_and_reuses_last_freed_first() {
+        let mut f = FreeList::new(4);
+        assert_eq!((f.available(), f.size()), (4, 4));
+        assert_eq!((f.alloc(), f.alloc()), (Some(0), Some(1)));
+        f.release(0);
+        assert_eq!(f.available(), 3);
+        // What was given back goes out again before an index never used.
+        assert_eq!(f.alloc(), Some(0));
+        assert_eq!((f.alloc(), f.alloc()), (Some(2), Some(3)));
+        assert_eq!((f.alloc(), f.available()), (None, 0));
+        f.release(3);
+        f.release(1);
+        assert_eq!((f.alloc(), f.alloc(), f.alloc()), (Some(1), Some(3), None));
     }
 
     #[test]
