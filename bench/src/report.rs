@@ -83,8 +83,9 @@ pub struct Protocol {
     pub msgs_packed: u64,
     /// Of the frames this side sent, those the other side received twice
     /// (`None` where its echo does not count them). A frame sent again that
-    /// also arrived the first time was not lost: its timeout ran out while a
-    /// thread was off its CPU, or the acknowledgement was late.
+    /// also arrived the first time was not lost: its timeout ran out while its
+    /// receiver was still working through the frames ahead of it, or was off
+    /// its CPU, or while the acknowledgement was on its way.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub echo_duplicates: Option<u64>,
     /// Streams with inline progress on the receiving side: what it received
@@ -394,7 +395,7 @@ pub fn human(size: usize) -> String {
 
 /// A row's share of its frames sent again at or above which it is listed on
 /// its own under the tables: such a row lost enough to move its figures. The
-/// rest (a timeout's probe or two, when a thread was off its CPU) are counted
+/// rest (a timeout's probe or two, when a receiver was late) are counted
 /// together per test and transport.
 const RESENT_LISTED: f64 = 0.01;
 
@@ -522,8 +523,9 @@ fn resent(o: &mut String, rows: &[Row]) {
         let _ = writeln!(
             o,
             "  (a frame that arrived twice was not lost: it was sent again when its \
-             retransmission timeout, `[protocol] rto_min` at least, ran out while a thread \
-             was off its CPU or its acknowledgement was on the way)"
+             retransmission timeout, `[protocol] rto_min` at least, ran out while its \
+             receiver was still working through the frames ahead of it or was off its CPU, \
+             or its acknowledgement was on the way)"
         );
     }
 }
@@ -881,8 +883,9 @@ mod tests {
              \x20 Bandwidth emx 1M: 812 of 20000 frames (4.060%); none arrived twice\n\
              \x20 Bandwidth emx 8M: 3 of 300000 frames (0.001%)\n\
              \x20 (a frame that arrived twice was not lost: it was sent again when its \
-             retransmission timeout, `[protocol] rto_min` at least, ran out while a thread \
-             was off its CPU or its acknowledgement was on the way)\n"
+             retransmission timeout, `[protocol] rto_min` at least, ran out while its \
+             receiver was still working through the frames ahead of it or was off its CPU, \
+             or its acknowledgement was on the way)\n"
         );
         // Summed over rounds, a round not counted leaves the row not counted.
         let mut c = Collector::default();

@@ -37,7 +37,7 @@
 //! max_sends = 1024            # outstanding sends [1024]
 //! max_recvs = 1024            # outstanding receives [1024]
 //! rto_initial_us = 1000       # retransmission timeout before the first RTT sample (within rto_min..rto_max) [1000]
-//! rto_min_us = 500            # least retransmission timeout; raise it where receivers stall (VMs, slow links) [200]
+//! rto_min_us = 2000           # least retransmission timeout; raise it where receivers stall (VMs, slow links) [1000]
 //! rto_max_us = 100000         # most retransmission timeout, after backoff [100000]
 //! ack_delay_us = 20           # an ack waits this long for a reply to ride on, below rto_min_us [20]
 //! ack_every = 16              # acknowledge at once after this many in-order frames [16]
@@ -84,7 +84,7 @@
 //! assert_eq!(beta.engine.protocol.cluster, Some(7));
 //! let core = beta.engine.protocol.core_config(1500);
 //! assert_eq!(core.checksum, emx::proto::ChecksumMode::Full);
-//! assert_eq!(core.rto_min, std::time::Duration::from_micros(500));
+//! assert_eq!(core.rto_min, std::time::Duration::from_micros(2000));
 //! assert_eq!(beta.engine.peers.len(), 2);
 //! // Node alpha's: a polling thread on core 1; beta's MAC is learnt at run time.
 //! let alpha = cluster.node_config(1)?;

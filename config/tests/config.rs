@@ -165,7 +165,7 @@ fn examples_say_what_they_promise() {
 
 /// Each broken file: the line, the field, and words of the expectation.
 const BROKEN: &[(&str, usize, &str, &str)] = &[
-    ("ack-delay.toml", 7, "protocol.ack_delay_us", "ack_delay_us (500 us) must be below rto_min_us (200 us)"),
+    ("ack-delay.toml", 7, "protocol.ack_delay_us", "ack_delay_us (1500 us) must be below rto_min_us (1000 us)"),
     ("ack-every-zero.toml", 6, "protocol.ack_every", "0 is out of range (want at least 1 frame"),
     ("bad-checksum.toml", 6, "protocol.checksum", "unknown variant `crc32`, expected one of `off`, `header`, `full`"),
     ("bad-hugepages.toml", 6, "memory.hugepages", "unknown variant `sometimes`, expected one of `auto`, `require`, `never`"),
@@ -402,7 +402,7 @@ fn the_documented_defaults() {
             core.keepalive.as_micros(),
             core.peer_timeout.as_micros(),
         ),
-        (1000, 200, 100_000, 20, 16, 10_000, 1_000_000)
+        (1000, 1000, 100_000, 20, 16, 10_000, 1_000_000)
     );
     assert_eq!(core.checksum, emx::proto::ChecksumMode::Header);
 }

@@ -16,9 +16,13 @@ const N: u64 = 48;
 const LEN: usize = 1400;
 
 /// Two cores that have exchanged a message (so the sender has an RTT sample),
-/// with `N` receives posted at core 1.
+/// with `N` receives posted at core 1. Their timeout is at least 200 us (the
+/// default is 1 ms), the figure the times below are written for.
 fn ready() -> (TestSim, CoreConfig) {
-    let cfg = CoreConfig::default();
+    let cfg = CoreConfig {
+        rto_min: Duration::from_micros(200),
+        ..CoreConfig::default()
+    };
     let mut sim = make_sim(2, LinkConfig::default(), &cfg);
     transfer(&mut sim, 0, 1, 1000, 1);
     let now = sim.now();

@@ -122,9 +122,9 @@ pub struct ProtocolConfig {
     pub keepalive_us: Option<u64>,
     /// Initial retransmission timeout (µs).
     pub rto_initial_us: Option<u64>,
-    /// Lower bound of the retransmission timeout (µs). Raise it where a
-    /// receiver may stall that long (a shared or virtual machine, a slow
-    /// link), or frames are sent again for nothing.
+    /// Lower bound of the retransmission timeout (µs; 1000 by default).
+    /// Raise it where a receiver may stall longer (a shared or virtual
+    /// machine, a slow link), or frames are sent again for nothing.
     pub rto_min_us: Option<u64>,
     /// Upper bound of the retransmission timeout, after backoff (µs).
     pub rto_max_us: Option<u64>,
