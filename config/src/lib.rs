@@ -36,7 +36,7 @@
 //! max_peers = 64              # peer table: at least every remote endpoint [64]
 //! max_sends = 1024            # outstanding sends [1024]
 //! max_recvs = 1024            # outstanding receives [1024]
-//! rto_initial_us = 1000       # retransmission timeout before the first RTT sample (within rto_min..rto_max) [1000]
+//! rto_initial_us = 2000       # retransmission timeout before the first RTT sample (within rto_min..rto_max) [1000]
 //! rto_min_us = 2000           # least retransmission timeout; raise it where receivers stall (VMs, slow links) [1000]
 //! rto_max_us = 100000         # most retransmission timeout, after backoff [100000]
 //! ack_delay_us = 20           # an ack waits this long for a reply to ride on, below rto_min_us [20]
