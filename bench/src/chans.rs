@@ -434,6 +434,14 @@ impl EmxSide {
         }
     }
 
+    /// Whether the oldest receive finished at the last poll (polling
+    /// nothing).
+    pub(crate) fn recv_ready(&self) -> bool {
+        self.posted
+            .front()
+            .is_some_and(|&r| self.ep.is_done(r).unwrap_or(false))
+    }
+
     /// The oldest receive, if finished: its buffer and length.
     pub(crate) fn recv_done(&mut self) -> Result<Option<(Mem, u64)>, String> {
         let Some(&r) = self.posted.front() else {

@@ -254,6 +254,44 @@ fn inline_lone_send_leaves_in_isend() {
     drop((a, b, ea, eb));
 }
 
+/// `is_done` makes no progress: inline, a message waiting on the link does
+/// not finish its receive until the endpoint is driven, and then one poll
+/// does; `is_done` says so and leaves the request to be taken.
+#[test]
+fn is_done_reads_without_progress() {
+    let (ea, eb, mut a, mut b) = joined(&ProgressMode::Inline);
+    let (to_b, from_a) = (Addr::new(2, 0), Some(Addr::new(1, 0)));
+    // A first message, driven on both sides, opens the session.
+    let r = b.irecv(from_a, 0, !0, vec![0u8; 8]).unwrap();
+    let s = a.isend(to_b, 0, data(0, 8)).unwrap();
+    while b.test(r).unwrap().is_none() {
+        a.progress();
+    }
+    while a.test(s).unwrap().is_none() {
+        b.progress();
+    }
+    // A lone send leaves in `isend`: the frame waits for b's next poll.
+    let r = b.irecv(from_a, 1, !0, vec![0u8; 8]).unwrap();
+    let s = a.isend(to_b, 1, data(1, 8)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    for _ in 0..1000 {
+        assert!(!b.is_done(r).unwrap(), "is_done polled the link");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !b.is_done(r).unwrap() {
+        b.progress();
+        assert!(Instant::now() < deadline, "the message never came");
+    }
+    assert!(b.is_done(r).unwrap(), "is_done took the completion");
+    let c = b.test(r).unwrap().expect("done");
+    assert_eq!(c.into_recv().unwrap().0.as_ref(), data(1, 8).as_slice());
+    assert!(matches!(b.is_done(r), Err(Error::UnknownRequest)));
+    while a.test(s).unwrap().is_none() {
+        b.progress();
+    }
+    drop((a, b, ea, eb));
+}
+
 /// A bounded wait returns `None` after its timeout, not before, and leaves
 /// the request to be waited on again.
 fn bounded_wait(mode: ProgressMode) {

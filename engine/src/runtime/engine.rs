@@ -1631,6 +1631,20 @@ impl Endpoint {
         }
     }
 
+    /// Whether the request finished, as far as this endpoint knows, without
+    /// making progress (as UCX's `ucp_request_check_status`). Inline, nothing
+    /// finishes between polls; with a polling thread, what it finished since
+    /// the last [`progress`](Self::progress), `test` or wait is seen at the
+    /// next one. The handle stays valid.
+    ///
+    /// A caller that takes completions in a loop stops at the first that
+    /// reads `false`, where [`test`](Self::test) would poll the link, and
+    /// messages arriving then could find none of the receives it has yet to
+    /// post again.
+    pub fn is_done(&self, req: Request) -> Result<bool, Error> {
+        self.requests.is_done(req)
+    }
+
     /// The request's completion if it finished (taking it: the handle is
     /// spent), `None` if not yet.
     pub fn test(&mut self, req: Request) -> Result<Option<Completed>, Error> {
