@@ -455,10 +455,25 @@ impl EmxSide {
         Ok(Some((b.into(), info.msg_len)))
     }
 
-    /// Takes finished sends (in order); returns how many.
-    pub(crate) fn sends_done(&mut self) -> Result<usize, String> {
+    /// Takes finished sends (in order); returns how many. Each look at an
+    /// unfinished send polls; with `once`, only the first.
+    ///
+    /// A side that also receives (bibw) polls once: the receives a poll
+    /// finishes are still to be posted again. Polling on while each poll
+    /// finished the send it looked at, the echo took three bursts (94
+    /// messages, 30 of them unexpected) against its 64 posted receives, in
+    /// about 1 run of 150. A side that only sends polls on while its sends
+    /// finish, as it always did.
+    pub(crate) fn sends_done(&mut self, once: bool) -> Result<usize, String> {
         let mut n = 0;
+        let mut polled = false;
         while let Some(&s) = self.sends.front() {
+            if once && !self.ep.is_done(s).map_err(|e| e.to_string())? {
+                if polled {
+                    break;
+                }
+                polled = true;
+            }
             let Some(c) = self.ep.test(s).map_err(|e| e.to_string())? else {
                 break;
             };

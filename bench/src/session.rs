@@ -1308,7 +1308,7 @@ impl Session {
                 while s.posted.len() < window && s.post(gen) {}
                 take_stream(s, &mut got, warm, (gen, window), true)?;
             }
-            let sent = s.sends_done()?;
+            let sent = s.sends_done(bidir)?;
             if bidir {
                 // What the poll of its look at an unfinished send finished:
                 // posted again before the next poll.
@@ -1791,7 +1791,7 @@ impl Echo {
                         // The previous echo, acknowledged by this ping, comes
                         // back; the new one's test polls (it is not done), which
                         // sends it where it could not leave alone.
-                        s.sends_done()?;
+                        s.sends_done(true)?;
                         // The next receive is posted while the echo is on its
                         // way (the next ping cannot come before it arrives),
                         // as an MPI ping-pong posts its receive after the send.
@@ -1834,10 +1834,10 @@ impl Echo {
                     let before = tally.arrived;
                     take_stream(s, &mut tally, warm, (gen, depth), back)?;
                     if back {
-                        // Its look at an unfinished send polls: the receives
-                        // that poll finishes are taken, and posted again,
-                        // before the next poll.
-                        s.sends_done()?;
+                        // Its look at an unfinished send polls, once: the
+                        // receives that poll finishes are taken, and posted
+                        // again, before the next poll.
+                        s.sends_done(true)?;
                         take_stream(s, &mut tally, warm, (gen, depth), back)?;
                     }
                     if tally.arrived != before {
