@@ -131,6 +131,8 @@ pub struct Station {
     /// Why the engine under this station is gone for good (its polling
     /// thread died), once it is: emxd cannot serve on.
     pub dead: Option<String>,
+    /// Whether the endpoint's engine progresses inline (in `poll`).
+    inline: bool,
 }
 
 impl Station {
@@ -138,13 +140,15 @@ impl Station {
     /// ECHO slots of `max` bytes carved from `region` at `base`, and
     /// [`ops::SINK_SLOTS`] SINK buffers) and a liveness receive on every peer
     /// the engine knows. Peers declared unreachable are greeted again every
-    /// `regreet`, so that a healed partition brings them back.
+    /// `regreet`, so that a healed partition brings them back. `inline`:
+    /// whether its engine progresses inline, in [`poll`](Self::poll).
     pub fn new(
         mut ep: Endpoint,
         region: ExtMem,
         base: usize,
         max: usize,
         regreet: Duration,
+        inline: bool,
     ) -> Station {
         let local = ep.local();
         let peers = ep.peers().unwrap_or_default();
@@ -173,6 +177,7 @@ impl Station {
             repost_warned: false,
             regreet,
             dead: None,
+            inline,
             ep,
         };
         st.repost();
@@ -275,7 +280,17 @@ impl Station {
         let mut busy = self.ep.progress();
         let reqs = std::mem::take(&mut self.reqs);
         for (req, role) in reqs {
-            match self.ep.test(req) {
+            // Inline, `test` on an unfinished request polls the link: once
+            // per request still waiting, with the receives the first poll
+            // finished not yet posted again (messages arriving then find
+            // none). Only the finished are taken; the next call polls. With
+            // a polling thread, `test` looks at its rings and says when the
+            // thread died.
+            let look = match self.ep.is_done(req) {
+                Ok(false) if self.inline => Ok(None),
+                _ => self.ep.test(req),
+            };
+            match look {
                 Ok(Some(c)) => {
                     busy = true;
                     self.finished(role, c, checks);
