@@ -200,6 +200,19 @@ fn polling_thread_core_stats_count_unexpected_messages() {
     core_stats_count_unexpected_messages(thread_mode());
 }
 
+/// A first message from a (node 1) to b (node 2), both driven inline until
+/// it is received and acknowledged, opens their session.
+fn open_session(a: &mut Endpoint, b: &mut Endpoint) {
+    let r = b.irecv(Some(Addr::new(1, 0)), 0, !0, vec![0u8; 8]).unwrap();
+    let s = a.isend(Addr::new(2, 0), 0, data(0, 8)).unwrap();
+    while b.test(r).unwrap().is_none() {
+        a.progress();
+    }
+    while a.test(s).unwrap().is_none() {
+        b.progress();
+    }
+}
+
 /// Inline: a send with nothing in flight before it leaves in `isend`, so a
 /// sender that computes before its next progress call does not hold it back;
 /// one that finds another in flight waits for that call.
@@ -211,15 +224,7 @@ fn inline_lone_send_leaves_in_isend() {
     let mut eb = Engine::start(&cfg(2, (1, ma), ProgressMode::Inline), ib).unwrap();
     let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
     let (to_b, from_a) = (Addr::new(2, 0), Some(Addr::new(1, 0)));
-    // A first message, driven on both sides, opens the session.
-    let r = b.irecv(from_a, 0, !0, vec![0u8; 8]).unwrap();
-    let s = a.isend(to_b, 0, data(0, 8)).unwrap();
-    while b.test(r).unwrap().is_none() {
-        a.progress();
-    }
-    while a.test(s).unwrap().is_none() {
-        b.progress();
-    }
+    open_session(&mut a, &mut b);
     // a is not driven from here on until the end.
     let r1 = b.irecv(from_a, 1, !0, vec![0u8; 100]).unwrap();
     let r2 = b.irecv(from_a, 2, !0, vec![0u8; 100]).unwrap();
@@ -261,15 +266,7 @@ fn inline_lone_send_leaves_in_isend() {
 fn is_done_reads_without_progress() {
     let (ea, eb, mut a, mut b) = joined(&ProgressMode::Inline);
     let (to_b, from_a) = (Addr::new(2, 0), Some(Addr::new(1, 0)));
-    // A first message, driven on both sides, opens the session.
-    let r = b.irecv(from_a, 0, !0, vec![0u8; 8]).unwrap();
-    let s = a.isend(to_b, 0, data(0, 8)).unwrap();
-    while b.test(r).unwrap().is_none() {
-        a.progress();
-    }
-    while a.test(s).unwrap().is_none() {
-        b.progress();
-    }
+    open_session(&mut a, &mut b);
     // A lone send leaves in `isend`: the frame waits for b's next poll.
     let r = b.irecv(from_a, 1, !0, vec![0u8; 8]).unwrap();
     let s = a.isend(to_b, 1, data(1, 8)).unwrap();
