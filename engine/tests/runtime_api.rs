@@ -259,11 +259,11 @@ fn inline_lone_send_leaves_in_isend() {
     drop((a, b, ea, eb));
 }
 
-/// `is_done` makes no progress: inline, a message waiting on the link does
-/// not finish its receive until the endpoint is driven, and then one poll
-/// does; `is_done` says so and leaves the request to be taken.
+/// `is_done` and `take` make no progress: inline, a message waiting on the
+/// link does not finish its receive until the endpoint is driven, and then
+/// one poll does; `is_done` says so and leaves the request to be taken.
 #[test]
-fn is_done_reads_without_progress() {
+fn is_done_and_take_read_without_progress() {
     let (ea, eb, mut a, mut b) = joined(&ProgressMode::Inline);
     let (to_b, from_a) = (Addr::new(2, 0), Some(Addr::new(1, 0)));
     open_session(&mut a, &mut b);
@@ -273,6 +273,7 @@ fn is_done_reads_without_progress() {
     std::thread::sleep(Duration::from_millis(20));
     for _ in 0..1000 {
         assert!(!b.is_done(r).unwrap(), "is_done polled the link");
+        assert!(b.take(r).unwrap().is_none(), "take polled the link");
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while !b.is_done(r).unwrap() {
@@ -280,9 +281,10 @@ fn is_done_reads_without_progress() {
         assert!(Instant::now() < deadline, "the message never came");
     }
     assert!(b.is_done(r).unwrap(), "is_done took the completion");
-    let c = b.test(r).unwrap().expect("done");
+    let c = b.take(r).unwrap().expect("done");
     assert_eq!(c.into_recv().unwrap().0.as_ref(), data(1, 8).as_slice());
     assert!(matches!(b.is_done(r), Err(Error::UnknownRequest)));
+    assert!(matches!(b.take(r), Err(Error::UnknownRequest)));
     while a.test(s).unwrap().is_none() {
         b.progress();
     }
@@ -417,7 +419,7 @@ impl PacketIo for Doomed {
 }
 
 /// A polling thread that dies (a panic in its link) ends the waits, tests,
-/// requests and calls on its endpoint with `Error::Thread`: they used to
+/// takes, requests and calls on its endpoint with `Error::Thread`: they used to
 /// wait for good (the engine still read as running).
 #[test]
 fn a_polling_thread_that_dies_ends_what_waits_on_it() {
@@ -432,28 +434,31 @@ fn a_polling_thread_that_dies_ends_what_waits_on_it() {
     let mut a = ea.endpoint().unwrap();
     let r = a.irecv(None, 7, u64::MAX, vec![0u8; 10]).unwrap();
     let r2 = a.irecv(None, 8, u64::MAX, vec![0u8; 10]).unwrap();
+    let r3 = a.irecv(None, 9, u64::MAX, vec![0u8; 10]).unwrap();
     doom.store(true, Ordering::SeqCst);
     // On a thread of its own, so that a wait that never ends fails the test.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let waited = a.wait(r).map(|_| ());
         let tested = a.test(r2).map(|_| ());
+        let taken = a.take(r3).map(|_| ());
         let sent = a.isend(Addr::new(2, 0), 1, vec![1u8]).map(|_| ());
         let asked = a.stats(Addr::new(2, 0)).map(|_| ());
         // Nor does a close wait out its deadline for what will never finish.
         let t = Instant::now();
         a.close(Duration::from_secs(60));
         let closed_in = t.elapsed();
-        let _ = tx.send((waited, tested, sent.map_err(|r| r.error), asked, closed_in));
+        let sent = sent.map_err(|r| r.error);
+        let _ = tx.send(([waited, tested, taken, sent, asked], closed_in));
     });
-    let (waited, tested, sent, asked, closed_in) = rx
+    let (ended, closed_in) = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("the wait on a dead polling thread ended");
     assert!(
         closed_in < Duration::from_secs(5),
         "close took {closed_in:?}"
     );
-    for r in [waited, tested, sent, asked] {
+    for r in ended {
         assert!(
             matches!(&r, Err(Error::Thread(m)) if m.contains("died")),
             "{r:?}"

@@ -1637,16 +1637,61 @@ impl Endpoint {
     /// the last [`progress`](Self::progress), `test` or wait is seen at the
     /// next one. The handle stays valid.
     ///
-    /// A caller that takes completions in a loop stops at the first that
+    /// A caller that takes completions in order stops at the first that
     /// reads `false`, where [`test`](Self::test) would poll the link, and
     /// messages arriving then could find none of the receives it has yet to
-    /// post again.
+    /// post again; [`take`](Self::take) takes a completion without a poll.
     pub fn is_done(&self, req: Request) -> Result<bool, Error> {
         self.requests.is_done(req)
     }
 
+    /// The request's completion if this endpoint already has it (taking it:
+    /// the handle is spent), `None` if not yet: [`test`](Self::test) without
+    /// its poll.
+    ///
+    /// For a caller that serves many requests in turns: it drives the
+    /// endpoint once a turn with [`progress`](Self::progress), then takes
+    /// what finished. Inline, `test` polls the link on each request it finds
+    /// unfinished, so a turn of `test`s over N waiting requests polls N
+    /// times, with the receives the first poll finished not yet posted again
+    /// (messages arriving meanwhile find none and are stored as unexpected).
+    /// With a polling thread, what it finished since the last `progress` is
+    /// seen at the next one. A request that can no longer finish because the
+    /// polling thread died ends with [`Error::Thread`], as with `test`.
+    ///
+    /// ```no_run
+    /// # fn f(ep: &mut emx::runtime::Endpoint, reqs: &mut Vec<emx::runtime::Request>) -> Result<(), emx::runtime::Error> {
+    /// ep.progress();
+    /// let mut waiting = Vec::new();
+    /// for r in reqs.drain(..) {
+    ///     match ep.take(r)? {
+    ///         Some(done) => { /* handle it; post a receive again */ let _ = done; }
+    ///         None => waiting.push(r),
+    ///     }
+    /// }
+    /// *reqs = waiting;
+    /// # Ok(()) }
+    /// ```
+    pub fn take(&mut self, req: Request) -> Result<Option<Completed>, Error> {
+        if !self.requests.is_done(req)? {
+            if !self.shared.died.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            // The thread's last completions were pushed before it was marked
+            // dead: this drain takes them, and what is still pending after it
+            // will never finish.
+            self.progress();
+            if !self.requests.is_done(req)? {
+                return Err(self.shared.stopped_error());
+            }
+        }
+        Ok(Some(self.requests.take_done(req)))
+    }
+
     /// The request's completion if it finished (taking it: the handle is
-    /// spent), `None` if not yet.
+    /// spent), `None` if not yet. Inline, a request not yet finished makes
+    /// the endpoint poll the link once; see [`take`](Self::take) for taking
+    /// from many requests with one poll.
     pub fn test(&mut self, req: Request) -> Result<Option<Completed>, Error> {
         if !self.requests.is_done(req)? {
             // Read before the rings are: the thread's last completions were

@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
-use emx::runtime::{register_memory, start_node, Node, ProgressMode};
+use emx::runtime::{register_memory, start_node, Node};
 use emx_config::{resolve_identity, ClusterConfig, LogFormat, LogLevel};
 use emx_daemon::control::default_control_path;
 use emx_daemon::ops;
@@ -200,7 +200,6 @@ fn run(args: Args) -> Result<(), Failure> {
             max,
             // (the liveness deadline does not depend on the MTU)
             node_cfg.engine.protocol.core_config(1500).peer_timeout,
-            matches!(node_cfg.engine.progress, ProgressMode::Inline),
         ));
     }
     let (tx, rx) = std::sync::mpsc::channel();

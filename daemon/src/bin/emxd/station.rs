@@ -131,8 +131,6 @@ pub struct Station {
     /// Why the engine under this station is gone for good (its polling
     /// thread died), once it is: emxd cannot serve on.
     pub dead: Option<String>,
-    /// Whether the endpoint's engine progresses inline (in `poll`).
-    inline: bool,
 }
 
 impl Station {
@@ -140,15 +138,13 @@ impl Station {
     /// ECHO slots of `max` bytes carved from `region` at `base`, and
     /// [`ops::SINK_SLOTS`] SINK buffers) and a liveness receive on every peer
     /// the engine knows. Peers declared unreachable are greeted again every
-    /// `regreet`, so that a healed partition brings them back. `inline`:
-    /// whether its engine progresses inline, in [`poll`](Self::poll).
+    /// `regreet`, so that a healed partition brings them back.
     pub fn new(
         mut ep: Endpoint,
         region: ExtMem,
         base: usize,
         max: usize,
         regreet: Duration,
-        inline: bool,
     ) -> Station {
         let local = ep.local();
         let peers = ep.peers().unwrap_or_default();
@@ -177,7 +173,6 @@ impl Station {
             repost_warned: false,
             regreet,
             dead: None,
-            inline,
             ep,
         };
         st.repost();
@@ -280,17 +275,11 @@ impl Station {
         let mut busy = self.ep.progress();
         let reqs = std::mem::take(&mut self.reqs);
         for (req, role) in reqs {
-            // Inline, `test` on an unfinished request polls the link: once
-            // per request still waiting, with the receives the first poll
+            // `take`, not `test`: inline, `test` polls the link on each
+            // request still waiting, with the receives the first poll
             // finished not yet posted again (messages arriving then find
-            // none). Only the finished are taken; the next call polls. With
-            // a polling thread, `test` looks at its rings and says when the
-            // thread died.
-            let look = match self.ep.is_done(req) {
-                Ok(false) if self.inline => Ok(None),
-                _ => self.ep.test(req),
-            };
-            match look {
+            // none). The next call polls.
+            match self.ep.take(req) {
                 Ok(Some(c)) => {
                     busy = true;
                     self.finished(role, c, checks);
