@@ -1673,8 +1673,8 @@ impl Endpoint {
     /// # Ok(()) }
     /// ```
     pub fn take(&mut self, req: Request) -> Result<Option<Completed>, Error> {
-        if self.requests.is_done(req)? {
-            return Ok(Some(self.requests.take_done(req)));
+        if let Some(done) = self.requests.take(req)? {
+            return Ok(Some(done));
         }
         if !self.shared.died.load(Ordering::Acquire) {
             return Ok(None);
