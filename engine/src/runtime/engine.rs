@@ -525,12 +525,17 @@ impl EpShared {
         // the event just pushed before it parks, or this sees it waiting.
         std::sync::atomic::fence(Ordering::SeqCst);
         if always || self.waiting.load(Ordering::SeqCst) {
-            if let Some(t) = self
+            // Unparked once the lock is released: a thread woken on this CPU
+            // runs at once, and the lock it takes before it parks again must
+            // not be held by the thread it just preempted (on 2 CPUs, where
+            // emx-bench's pinger shares its polling thread's CPU, that cost
+            // two more switches between them on every round trip).
+            let t = self
                 .waiter
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-            {
+                .clone();
+            if let Some(t) = t {
                 t.unpark();
                 return Some(self.waiter_cpu.load(Ordering::Relaxed));
             }
