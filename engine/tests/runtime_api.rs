@@ -1015,6 +1015,63 @@ fn room_in_a_full_ring_reaches_the_polling_thread(mode: ProgressMode, timed: boo
     drop(ib);
 }
 
+/// A link that notes when it is first polled once `since` is set.
+struct Watched {
+    inner: MemIo,
+    since: Arc<Mutex<Option<Instant>>>,
+    polled: Arc<Mutex<Option<Duration>>>,
+}
+
+impl PacketIo for Watched {
+    type Frame = <MemIo as PacketIo>::Frame;
+    fn recv(&mut self, out: &mut Vec<Self::Frame>, max: usize) -> usize {
+        if let Some(t) = *self.since.lock().unwrap() {
+            self.polled
+                .lock()
+                .unwrap()
+                .get_or_insert_with(|| t.elapsed());
+        }
+        self.inner.recv(out, max)
+    }
+    fn send(&mut self, f: &mut Vec<Self::Frame>) -> usize {
+        self.inner.send(f)
+    }
+    emx::delegate_packet_io!();
+}
+
+/// A stop wakes a polling thread asleep in its back-off: it polls its link
+/// again, for the last time, at once, where it used to wait out the sleep
+/// (up to 1 ms, half of it on average).
+#[test]
+fn a_stop_wakes_a_sleeping_polling_thread() {
+    const ROUNDS: usize = 20;
+    let mut waits = Vec::new();
+    for _ in 0..ROUNDS {
+        let (ia, ib) = MemNetwork::pair(1500);
+        let mb = ib.mac();
+        let (since, polled) = (Arc::default(), Arc::default());
+        let link = Watched {
+            inner: ia,
+            since: Arc::clone(&since),
+            polled: Arc::clone(&polled),
+        };
+        let ea = Engine::start(&cfg(1, (2, mb), thread_mode()), link).unwrap();
+        // Long enough for an idle polling thread to sleep 1 ms at a time.
+        std::thread::sleep(Duration::from_millis(30));
+        *since.lock().unwrap() = Some(Instant::now());
+        ea.shutdown(Duration::ZERO).unwrap();
+        let polled = polled.lock().unwrap().take();
+        waits.push(polled.expect("a stopping polling thread polls its link"));
+        drop(ib);
+    }
+    waits.sort();
+    assert!(
+        waits[ROUNDS / 2] < Duration::from_micros(300),
+        "median wait for the stop {:?} (all: {waits:?})",
+        waits[ROUNDS / 2]
+    );
+}
+
 #[test]
 fn vanished_peer_fails_requests_within_the_deadline() {
     for mode in [ProgressMode::Inline, thread_mode()] {

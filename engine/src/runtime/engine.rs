@@ -524,7 +524,10 @@ impl EpShared {
         // Pairs with the fence in `Endpoint::idle`: either the endpoint sees
         // the event just pushed before it parks, or this sees it waiting.
         std::sync::atomic::fence(Ordering::SeqCst);
-        if always || self.waiting.load(Ordering::SeqCst) {
+        // Taken, so that events delivered before it runs do not wake it (and
+        // yield to it) again. (Were it only about to park, the unpark still
+        // reaches it: its park returns at once.)
+        if always || self.waiting.swap(false, Ordering::SeqCst) {
             // Unparked once the lock is released: a thread woken on this CPU
             // runs at once, and the lock it takes before it parks again must
             // not be held by the thread it just preempted (on 2 CPUs, where
@@ -629,15 +632,23 @@ impl Shared {
         // Pairs with the fence in Backoff::snooze: either the poller sees the
         // command before it parks, or this sees it asleep and wakes it.
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.poller_asleep.load(Ordering::SeqCst) {
+        // Taken, so that the submissions that follow before it runs do not
+        // wake it again. (Were it only about to park, the unpark still
+        // reaches it: its park returns at once.)
+        if self.poller_asleep.swap(false, Ordering::SeqCst) {
             if let Some(t) = self.poller.get() {
                 t.unpark();
                 // The kernel tends to wake a thread on its waker's CPU (on
                 // the development VM, always): a caller that goes on spinning
                 // there would hold the polling thread off until its time
-                // slice ends, about 3 ms. Let it run first; where it woke on
-                // another CPU this returns at once.
-                std::thread::yield_now();
+                // slice ends, about 3 ms. Let it run first, unless it is
+                // pinned to another CPU and cannot run here.
+                if self
+                    .poller_core
+                    .is_none_or(|c| dpdk_ffi::current_cpu() == Some(c))
+                {
+                    std::thread::yield_now();
+                }
             }
         }
     }
@@ -888,6 +899,10 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(until);
         self.shared.state.store(STOPPING, Ordering::Release);
+        // Not left to wait out a back-off sleep (up to 1 ms).
+        if let Some(t) = self.shared.poller.get() {
+            t.unpark();
+        }
         let joined = self.thread.take().map(|t| t.join());
         // Stopped whether the thread returned or died: waits on its
         // endpoints end either way (see `Endpoint::wait_until`).
