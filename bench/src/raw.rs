@@ -156,8 +156,10 @@ unsafe fn iter_of(m: *mut sys::rte_mbuf) -> Option<u32> {
     }
 }
 
-/// One step of the echo side: receive a burst and send every frame back
-/// (dropping what the link would not take for [`STUCK_AFTER`]).
+/// One step of the echo side: receive a burst and send every frame back to
+/// where it came from, its MAC addresses swapped (a NIC drops frames for
+/// another's address), dropping what the link would not take for
+/// [`STUCK_AFTER`].
 #[inline(never)]
 pub fn echo_step(port: u16, queue: u16) {
     // SAFETY: as in ping(); received mbufs are all handed back to the driver
@@ -165,6 +167,17 @@ pub fn echo_step(port: u16, queue: u16) {
     unsafe {
         let mut bufs = [std::ptr::null_mut::<sys::rte_mbuf>(); 32];
         let n = sys::rte_eth_rx_burst(port, queue, bufs.as_mut_ptr(), 32);
+        for &m in &bufs[..usize::from(n)] {
+            // SAFETY: `m` was just received and is ours; only its first
+            // segment's bytes below data_len are touched.
+            let m = &mut *m;
+            if usize::from(m.data_len) >= 12 {
+                let d = (m.buf_addr as *mut u8).add(usize::from(m.data_off));
+                let macs = std::slice::from_raw_parts_mut(d, 12);
+                let (dst, src) = macs.split_at_mut(6);
+                dst.swap_with_slice(src);
+            }
+        }
         let mut sent = 0;
         let mut wait = Patience::new(STUCK_AFTER);
         while sent < n {
