@@ -50,7 +50,7 @@ pub enum Proto {
     Tcp,
 }
 
-/// Result of a ping-pong with the losses that the plain [`pingpong`] only prints.
+/// Result of a ping-pong: its round trips, and the UDP datagrams lost on the way.
 #[derive(Debug)]
 pub struct PingPong {
     /// Round-trip times in nanoseconds, one per measured round trip.
@@ -106,30 +106,10 @@ pub struct StreamResult {
 /// sides block at once instead of spinning (about 16 µs for 8 B UDP, where
 /// spinning for each other would cost a scheduler time slice per message).
 /// A UDP round trip not answered within 2 s counts as a loss and the
-/// request is sent again; losses are printed to stderr (see
-/// [`pingpong_detailed`] to get them as a number). Messages of 8 bytes or
+/// request is sent again, timed from there; [`PingPong::losses`] counts
+/// them (the report lists them under its tables). Messages of 8 bytes or
 /// more carry a sequence number, so a late reply is not taken for the next.
 pub fn pingpong(
-    pair: &VethPair,
-    proto: Proto,
-    size: usize,
-    warmup: Duration,
-    duration: Duration,
-    max_iters: Option<u64>,
-    cores: (Option<CoreId>, Option<CoreId>),
-) -> Result<Histogram<u64>, String> {
-    let r = pingpong_detailed(pair, proto, size, warmup, duration, max_iters, cores)?;
-    if r.losses > 0 {
-        eprintln!(
-            "emx-bench: kernel UDP ping-pong of {size} B: {} datagrams lost and sent again",
-            r.losses
-        );
-    }
-    Ok(r.hist)
-}
-
-/// [`pingpong`], returning the UDP loss count with the histogram instead of printing it.
-pub fn pingpong_detailed(
     pair: &VethPair,
     proto: Proto,
     size: usize,
@@ -1039,7 +1019,7 @@ mod tests {
     #[test]
     fn udp_pingpong_8_bytes() {
         let pair = pair();
-        let r = pingpong_detailed(
+        let r = pingpong(
             &pair,
             Proto::Udp,
             8,
@@ -1071,7 +1051,8 @@ mod tests {
             Some(1000),
             (None, None),
         )
-        .expect("TCP ping-pong");
+        .expect("TCP ping-pong")
+        .hist;
         assert_eq!(h.len(), 1000);
         assert!(h.value_at_quantile(0.5) > 0);
         eprintln!(
@@ -1099,7 +1080,8 @@ mod tests {
                 Some(20),
                 (None, None),
             )
-            .unwrap_or_else(|e| panic!("{proto:?} {size}: {e}"));
+            .unwrap_or_else(|e| panic!("{proto:?} {size}: {e}"))
+            .hist;
             assert_eq!(h.len(), 20, "{proto:?} {size}");
         }
     }

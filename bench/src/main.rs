@@ -372,6 +372,9 @@ fn run(args: &Args) -> Result<(), String> {
                             if let Some(p) = session.take_protocol() {
                                 col.count(test, t, size, &p);
                             }
+                            if let Some(n) = session.take_lost() {
+                                col.lost(test, t, size, n);
+                            }
                         }
                         Ok(None) => {}
                         Err(Skip::Not(why)) => {
@@ -514,23 +517,28 @@ fn measure(
                         pace.max_iters,
                         cores,
                     )
-                    .map(Sample::Latency),
+                    .map(|r| (Sample::Latency(r.hist), Some(r.losses))),
                     _ => if test == Test::Bibw {
                         kernel::bibw(pair, proto, size, pace.warmup, pace.time, cores)
                     } else {
                         kernel::stream(pair, proto, size, pace.warmup, pace.time, cores)
                     }
                     .map(|r| {
-                        Sample::Flow(session::Stream {
+                        let f = Sample::Flow(session::Stream {
                             bytes: r.bytes,
                             msgs: r.msgs,
                             secs: r.seconds,
-                        })
+                        });
+                        (f, None)
                     }),
                 }
             })
             .map_err(Skip::Fail)?;
-        return r.map(Some).map_err(Skip::Fail);
+        let (sample, lost) = r.map_err(Skip::Fail)?;
+        if let Some(n) = lost {
+            s.note_lost(n);
+        }
+        return Ok(Some(sample));
     }
     match test {
         Test::Latency => {

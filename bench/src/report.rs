@@ -40,6 +40,12 @@ pub struct Latency {
     pub p50_max_ns: f64,
     /// Each round's p50.
     pub rounds_p50_ns: Vec<f64>,
+    /// Round trips lost, all rounds: raw and ffi send nothing again and
+    /// leave them out of the percentiles; kernel UDP sends the datagram
+    /// again, times the round trip from the resend, and counts the losses
+    /// of its warm-up too. (emx sends frames again itself: its figures hold
+    /// what that cost, and its `protocol` counts them.)
+    pub lost: u64,
 }
 
 /// Streaming figures: totals over rounds (so that `gbit_s` is exactly
@@ -212,6 +218,7 @@ pub enum Sample {
 pub struct Collector {
     samples: BTreeMap<(Test, usize, u8), Vec<(Transport, Sample)>>,
     protocol: BTreeMap<(Test, usize, u8), Protocol>,
+    lost: BTreeMap<(Test, usize, u8), u64>,
 }
 
 fn tkey(t: Transport) -> u8 {
@@ -233,6 +240,11 @@ impl Collector {
             .entry((test, size, tkey(t)))
             .and_modify(|a| a.add(p))
             .or_insert(*p);
+    }
+
+    /// Adds one round's lost round trips.
+    pub fn lost(&mut self, test: Test, t: Transport, size: usize, n: u64) {
+        *self.lost.entry((test, size, tkey(t))).or_default() += n;
     }
 
     /// Aggregates into rows.
@@ -278,6 +290,7 @@ impl Collector {
                     p50_min_ns: lo,
                     p50_max_ns: hi,
                     rounds_p50_ns: p50.clone(),
+                    lost: self.lost.get(&(test, size, tkey(t))).copied().unwrap_or(0),
                 });
                 if let Some(raw) = raw {
                     let rq = |p: f64| -> Vec<f64> {
@@ -431,6 +444,34 @@ fn unexpected(o: &mut String, rows: &[Row]) {
             100.0 * a.unexpected as f64 / a.messages.max(1) as f64
         );
     }
+}
+
+/// Writes the latency rows that lost round trips, a line each.
+fn lost(o: &mut String, rows: &[Row]) {
+    let lossy: Vec<(&Row, &Latency)> = rows
+        .iter()
+        .filter_map(|r| r.latency.as_ref().map(|l| (r, l)))
+        .filter(|(_, l)| l.lost > 0)
+        .collect();
+    if lossy.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "\nround trips lost (no protocol sends them again):");
+    for (r, l) in lossy {
+        let _ = writeln!(
+            o,
+            "  {}: {} lost, {} measured",
+            row_name(r),
+            l.lost,
+            l.count
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  (raw and ffi leave a lost round trip out of their percentiles; kernel UDP sends \
+         the datagram again and times the round trip from there, and counts its warm-up's \
+         losses too)"
+    );
 }
 
 /// What became of `resent` frames sent again, of which the receiving side
@@ -594,6 +635,7 @@ impl Report {
         // Retransmissions move figures: say where there were any. So do
         // messages that found no receive posted.
         resent(&mut o, &self.rows);
+        lost(&mut o, &self.rows);
         unexpected(&mut o, &self.rows);
         if !self.skipped.is_empty() {
             let _ = writeln!(o, "\nnot measured:");
@@ -903,6 +945,46 @@ mod tests {
         assert_eq!(sum(16).echo_duplicates, None);
     }
 
+    /// Latency rows that lost round trips are listed under the tables with
+    /// what became of them; the others are not. The count sums the rounds.
+    #[test]
+    fn lost_round_trips_are_listed_under_the_tables() {
+        use Test::*;
+        use Transport::*;
+        let mut c = Collector::default();
+        for (t, size, lost) in [(Raw, 8, 0), (Raw, 64 << 10, 2), (Udp, 8, 1), (Emx, 8, 0)] {
+            for _ in 0..2 {
+                let mut h = Histogram::<u64>::new(3).unwrap();
+                h.record(1000).unwrap();
+                h.record(2000).unwrap();
+                c.add(Latency, t, size, Sample::Latency(h));
+                c.lost(Latency, t, size, lost);
+            }
+        }
+        let rows = c.rows();
+        let lost_of = |t, size| {
+            let r = rows.iter().find(|r| r.transport == t && r.size == size);
+            r.and_then(|r| r.latency.as_ref())
+                .map(|l| (l.lost, l.count))
+        };
+        assert_eq!(lost_of(Raw, 64 << 10), Some((4, 4)));
+        assert_eq!(lost_of(Raw, 8), Some((0, 4)));
+        let mut o = String::new();
+        lost(&mut o, &rows);
+        assert_eq!(
+            o,
+            "\nround trips lost (no protocol sends them again):\n\
+             \x20 Latency udp 8: 2 lost, 4 measured\n\
+             \x20 Latency raw 64K: 4 lost, 4 measured\n\
+             \x20 (raw and ffi leave a lost round trip out of their percentiles; kernel UDP \
+             sends the datagram again and times the round trip from there, and counts its \
+             warm-up's losses too)\n"
+        );
+        let mut none = String::new();
+        lost(&mut none, &rows[..0]);
+        assert!(none.is_empty());
+    }
+
     /// The plot draws a chart for each of latency and bandwidth the report
     /// has rows for, and says so when it has neither: a latency run used to
     /// get an empty bandwidth frame beside its chart.
@@ -921,6 +1003,7 @@ mod tests {
                 p50_min_ns: p50_ns,
                 p50_max_ns: p50_ns,
                 rounds_p50_ns: vec![p50_ns],
+                lost: 0,
             }),
             ..row(Latency, t, size, 0, 1)
         };

@@ -286,6 +286,11 @@ pub(crate) struct Ctl {
     duplicates: AtomicU64,
 }
 
+/// Lost round trips in a row that end a latency point with an error: the
+/// link, or the echo side, carries nothing back (each costs
+/// [`raw::LOST_AFTER`]).
+const LOST_IN_A_ROW: u32 = 10;
+
 /// [`Ctl::unexpected`] for a stream whose receiving side is not counted.
 const NOT_COUNTED: u64 = u64::MAX;
 
@@ -411,6 +416,8 @@ pub struct Session {
     chans: Chans,
     /// The last emx measurement's protocol counters (see `take_protocol`).
     protocol: Option<Protocol>,
+    /// The last latency measurement's lost round trips (see `take_lost`).
+    lost: Option<u64>,
     // Dropped last: the namespaces of a veth link go after the ports.
     link: Link,
     _eal: Eal,
@@ -853,6 +860,7 @@ impl Session {
             raw_hdr,
             chans,
             protocol: None,
+            lost: None,
             link,
             _eal: eal,
         })
@@ -1042,21 +1050,50 @@ impl Session {
             once(self)?;
         }
         let start = Instant::now();
-        let mut lost = 0u64;
-        while !pace.enough(start, hist.len()) {
+        let (mut lost, mut streak) = (0u64, 0u32);
+        // A lost round trip is one of the point's iterations: one that takes
+        // longer than its time (`raw::LOST_AFTER`) ends the point when time
+        // is up, as a recorded one would, however few were recorded.
+        while !pace.enough(start, hist.len() + lost) {
             let t0 = dpdk_ffi::rdtsc();
             let ok = once(self)?;
             let dt = dpdk_ffi::rdtsc().wrapping_sub(t0);
             if ok {
                 hist.saturating_record((self.ns(dt) as u64).max(1));
+                streak = 0;
             } else {
                 lost += 1;
-                if lost > 1000 && hist.is_empty() {
-                    return Err("every round trip is lost".into());
+                streak += 1;
+                // An echo side that went away answers nothing.
+                self.control.check()?;
+                if streak >= LOST_IN_A_ROW {
+                    return Err(format!(
+                        "{streak} round trips in a row lost (nothing came back within {:?} \
+                         each): the link carries nothing back",
+                        raw::LOST_AFTER
+                    ));
                 }
             }
         }
+        if hist.is_empty() {
+            return Err(format!("every round trip was lost ({lost})"));
+        }
+        self.lost = Some(lost);
         Ok(())
+    }
+
+    /// Round trips the last latency measurement lost (raw and ffi, which
+    /// send nothing again, leave them out of the percentiles; kernel UDP
+    /// sends the datagram again and times the round trip from there), taken
+    /// once.
+    pub fn take_lost(&mut self) -> Option<u64> {
+        self.lost.take()
+    }
+
+    /// Records what a latency measurement made outside the session (the
+    /// kernel's) lost, for [`take_lost`](Self::take_lost).
+    pub fn note_lost(&mut self, n: u64) {
+        self.lost = Some(n);
     }
 
     /// One raw round trip of `frames` frames, `whole` bytes of them; `false`
