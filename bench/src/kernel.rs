@@ -50,6 +50,15 @@ pub enum Proto {
     Tcp,
 }
 
+/// Sets its flag when dropped, unwinding included.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// Result of a ping-pong: its round trips, and the UDP datagrams lost on the way.
 #[derive(Debug)]
 pub struct PingPong {
@@ -141,6 +150,9 @@ pub fn pingpong(
             }
             r
         });
+        // Set however the pinger ends, a panic included: the scope waits
+        // for the echo, which stops only then.
+        let _stop_echo = SetOnDrop(stop);
         let result = (|| {
             let port = match port_rx.recv_timeout(SETUP_TIMEOUT) {
                 Ok(r) => r?,
