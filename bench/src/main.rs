@@ -402,8 +402,9 @@ fn run(args: &Args) -> Result<(), String> {
         notes.push(format!(
             "emx-thread's polling thread shared the pinger's CPU ({cpus} CPUs here): the pinger \
              parks while it waits, so each of its round trips includes two switches between \
-             threads by the OS scheduler. On 3 CPUs or more the polling thread gets one of its \
-             own (see --cores)."
+             threads by the OS scheduler. Its engine was open only for its own turns, so that \
+             its polling thread, idle, did not wake during the others'. On 3 CPUs or more the \
+             polling thread gets one of its own (see --cores)."
         ));
     }
     let report = Report {
