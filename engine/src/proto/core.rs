@@ -2418,6 +2418,92 @@ mod tests {
         b
     }
 
+    /// Acks that acknowledge frames never sent are refused, and change
+    /// nothing: a cumulative ack half the sequence space ahead (serial order
+    /// took it for an old one, and every frame in flight for acknowledged:
+    /// their sends completed though the receiver never got them), a
+    /// selective ack of a frame not sent yet, and a credit limit beyond any
+    /// a receiver grants (it would have stood for the rest of the session).
+    #[test]
+    fn acks_of_frames_never_sent_are_refused() {
+        let cfg = unchecked();
+        let now = Time::from_micros(10);
+        let mut b: Core<Vec<u8>, Vec<u8>> =
+            Core::new(cfg.clone(), addr(1), mac(1), 1, Time::ZERO).unwrap();
+        b.add_peer(addr(0), mac(0)).unwrap();
+        let hello = hand_frame(&cfg, 0, FrameType::Hello, 0, &[], &|h| {
+            h.msg_len = 0;
+            h.match_bits = 0;
+            h.dst_epoch = 0;
+            h.credit = 1 << 20;
+        });
+        assert_eq!(b.handle_frame(now, &hello), Ok(()));
+        let ack = |ack: u32, sack: u64, credit: u32| {
+            hand_frame(&cfg, 0, FrameType::Ack, 0, &[], &move |h| {
+                h.msg_len = 0;
+                h.match_bits = 0;
+                h.ack = ack;
+                h.sack = sack;
+                h.credit = credit;
+            })
+        };
+        // A's first frame to B's epoch grants the credit.
+        let credit = 1 << 20;
+        assert_eq!(b.handle_frame(now, &ack(0, 0, credit)), Ok(()));
+        // Three frames in flight, seq 0 to 2 (too long to be packed), after
+        // B's HELLO.
+        for i in 0..3u8 {
+            b.send(now, addr(0), 7, vec![i; 1000], u64::from(i))
+                .unwrap();
+        }
+        let mut buf = vec![0u8; 9216];
+        let mut sent = Vec::new();
+        while let Some(t) = b.poll_transmit(now, &mut buf) {
+            // (the payload is attached, not in `buf`)
+            let f = crate::wire::Frame::new_unchecked(&buf[..t.header_len]);
+            sent.push(FrameType::from_u8(f.frame_type_raw()).unwrap());
+        }
+        assert_eq!(
+            sent,
+            [
+                FrameType::Hello,
+                FrameType::Eager,
+                FrameType::Eager,
+                FrameType::Eager
+            ]
+        );
+        let used = b.peers[0].credit_used;
+        let lie = Err(DropReason::Protocol);
+        for (what, frame, taken) in [
+            ("half the space ahead", ack(1 << 31, 0, credit), lie),
+            // By serial order an old ack (frames come out of order): taken,
+            // it acknowledges nothing.
+            ("just past half", ack((1 << 31) + 1, 0, credit), Ok(())),
+            ("past the last sent", ack(4, 0, credit), lie),
+            ("a selective ack of seq 3", ack(0, 0b100, credit), lie),
+            ("one of seq 4 after all sent", ack(3, 0b1, credit), lie),
+            (
+                "a credit beyond any grant",
+                ack(0, 0, used.wrapping_add((1 << 30) + 1)),
+                lie,
+            ),
+        ] {
+            assert_eq!(b.handle_frame(now, &frame), taken, "{what}");
+            assert!(b.poll_completion().is_none(), "{what}: a send completed");
+        }
+        // The truth is taken: seq 0 cumulatively, seq 2 selectively.
+        assert_eq!(b.handle_frame(now, &ack(1, 0b1, credit)), Ok(()));
+        let mut done = Vec::new();
+        while let Some(c) = b.poll_completion() {
+            match c {
+                Completion::Send(s) => done.push(s.ctx),
+                Completion::Recv(_) => panic!("no receive was posted"),
+            }
+        }
+        done.sort();
+        assert_eq!(done, [0, 2]);
+    }
+
     /// An RTS is taken only while the frame table has room for its pulls
     /// and NOTIFY beyond the slack: refused (unacknowledged) it comes again,
     /// where a NOTIFY that found no frame was lost for good.

@@ -499,7 +499,7 @@ impl CoreConfig {
         if self.pack_max == 0 {
             return Err(E::Table("pack_max"));
         }
-        if self.peer_credit() > (1 << 30)
+        if self.peer_credit() > MAX_PEER_CREDIT
             || self.peer_credit() < matching::eager_charge(self.eager_threshold)
         {
             return Err(E::Credits {
@@ -567,6 +567,11 @@ pub const MAX_UNEXPECTED_BYTES: u64 = 4 << 30;
 
 /// The largest pull block taken (a block's length and count are 32 bits).
 pub const MAX_PULL_BLOCK: u32 = 64 << 20;
+
+/// The most credit a core grants one peer ([`CoreConfig::peer_credit`]):
+/// credit limits travel as 32-bit serial numbers, and a frame whose limit
+/// lies further ahead of what its receiver used is refused as a lie.
+pub const MAX_PEER_CREDIT: u64 = 1 << 30;
 
 /// The timer rule a [`ConfigError::Timers`] configuration breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -19,8 +19,8 @@
 
 use super::core::Core;
 use super::slab::{ones_at_start, shift_down, NIL};
-use super::RecvBuffer;
 use super::Time;
+use super::{RecvBuffer, MAX_PEER_CREDIT};
 use crate::wire::{DropReason, FrameType, Header};
 use core::time::Duration;
 
@@ -180,6 +180,10 @@ impl RttEstimator {
     }
 }
 
+/// Half the 32-bit sequence space: serial order cannot say whether a number
+/// this far from another comes before it or after.
+const HALF_SEQ: u32 = 1 << 31;
+
 /// Whether `a` comes before `b` in wrapping 32-bit sequence space.
 #[inline]
 pub fn seq_lt(a: u32, b: u32) -> bool {
@@ -189,20 +193,48 @@ pub fn seq_lt(a: u32, b: u32) -> bool {
 // The sender's half: acks in, loss detection, retransmission timeout. The frame
 // records live in the core's tables, so this half is written against the core.
 impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
-    /// An ack that acknowledges frames never sent is a lie.
+    /// An ack that acknowledges frames never sent is a lie: a cumulative
+    /// ack past the last frame sent (or exactly half the sequence space
+    /// away, which serial order cannot place), a selective ack of a frame
+    /// not sent yet, or a credit limit further ahead of what this side used
+    /// than any receiver grants. (Such a frame comes only from a corrupted
+    /// header that no checksum covered, or from a forger.)
     pub(crate) fn check_ack(&self, p: u16, h: &Header) -> Result<(), DropReason> {
         let peer = &self.peers[p as usize];
-        let una = if peer.inflight.is_empty() {
-            peer.snd_next
-        } else {
-            self.frames[peer.inflight.head as usize].seq
-        };
+        let una = self.una(p);
         let ahead = h.ack.wrapping_sub(una);
         let span = peer.snd_next.wrapping_sub(una);
-        if (ahead as i32) > 0 && ahead > span {
+        if ahead > span && ahead <= HALF_SEQ {
+            return Err(DropReason::Protocol);
+        }
+        if ahead <= span {
+            // SACK bit i names frame ack + 1 + i, of the frames from `ack`
+            // to the last sent.
+            let named = (span - ahead).saturating_sub(1);
+            if named < 64 && h.sack >> named != 0 {
+                return Err(DropReason::Protocol);
+            }
+        }
+        // A receiver grants at most `MAX_PEER_CREDIT` beyond what it released,
+        // and it released no more than was used. (Taken, a larger limit
+        // would stand for the rest of the session: later, honest ones would
+        // read as older.)
+        if h.credit.wrapping_sub(peer.credit_used) > MAX_PEER_CREDIT as u32
+            && h.credit.wrapping_sub(peer.credit_used) <= HALF_SEQ
+        {
             return Err(DropReason::Protocol);
         }
         Ok(())
+    }
+
+    /// The oldest sequence number of `p` not acknowledged yet.
+    fn una(&self, p: u16) -> u32 {
+        let peer = &self.peers[p as usize];
+        if peer.inflight.is_empty() {
+            peer.snd_next
+        } else {
+            self.frames[peer.inflight.head as usize].seq
+        }
     }
 
     /// Applies the ack fields of a frame of the current session.
@@ -224,6 +256,19 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             return;
         }
         let mut progress = false;
+        let una = self.frames[peer.inflight.head as usize].seq;
+        // Frames before `ack` are acknowledged: `cum` of them from `una`, or
+        // none when the ack is an older one (frames may arrive out of
+        // order), which serial order alone would read as acknowledging
+        // frames far ahead once it is half the sequence space away.
+        let cum = {
+            let c = h.ack.wrapping_sub(una);
+            if c <= peer.snd_next.wrapping_sub(una) {
+                c
+            } else {
+                0
+            }
+        };
         let mut i = peer.inflight.head;
         let mut latest = peer.latest_acked_sent;
         // The newest retransmission this ack covers, and whether it covers a
@@ -236,11 +281,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         while i != NIL {
             let next = self.frame_links.next(i);
             let f = self.frames[i as usize];
+            let before_ack = f.seq.wrapping_sub(una) < cum;
             let d = f.seq.wrapping_sub(h.ack) as i32;
-            if d > 64 {
+            if d > 64 && !before_ack {
                 break;
             }
-            let acked = d < 0 || (d > 0 && h.sack & (1u64 << (d - 1)) != 0);
+            let acked = before_ack || (d > 0 && d <= 64 && h.sack & (1u64 << (d - 1)) != 0);
             if acked {
                 let peer = &mut self.peers[p as usize];
                 if f.retx == 0 {
