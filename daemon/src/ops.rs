@@ -11,6 +11,7 @@
 //! | `0x02` | [`SINK`] | counts it and drops it |
 //! | `0x03` | [`PING`] | answers with the same bytes (up to [`PING_BYTES`]) and low bits, op [`PONG`]; a liveness probe for tools |
 //! | `0x04` | [`PONG`] | not received by emxd: the answer to a PING, for the prober to receive |
+//! | `0x05` | [`CHECK_ANSWER`] | the echo of a `check` message ([`check_bits`]): received only by the check that sent it |
 //!
 //! Messages with any other op byte are received and discarded (counted), so
 //! that they do not sit in the unexpected queue, held against their sender's
@@ -19,10 +20,16 @@
 //! An echo comes back with the very match bits it went out with, so a prober
 //! receives it with a receive for those bits from the responder. emxd itself
 //! runs the responder too, and its own any-source ECHO receives would take
-//! such answers first: so `check` marks its requests ([`check_bits`]) with
-//! [`CHECK_MARK`] and its own node id, and a marked ECHO message whose origin
-//! is the receiving node is an answer, handed to the check, never echoed
-//! again.
+//! such answers first. So `check` marks its requests ([`check_bits`]) with
+//! [`CHECK_MARK`] and its own node id, and emxd echoes a marked message back
+//! with op [`CHECK_ANSWER`] ([`answer_bits`]), which only the receive the
+//! check posted before it sent takes. (Taken by the ECHO receives, answers
+//! had to wait for one that was free, while each was busy echoing a message
+//! of another node's check: a rendezvous echo ends only when its origin
+//! pulls it, so nodes checking each other at once could hold all of each
+//! other's ECHO receives for good. An old emxd's answer, with op ECHO, that
+//! reaches its origin's ECHO receives is still handed to the check, never
+//! echoed again.)
 
 /// Bits of the operation byte in the match bits.
 pub const OP_MASK: u64 = 0xff << OP_SHIFT;
@@ -37,6 +44,8 @@ pub const SINK: u8 = 0x02;
 pub const PING: u8 = 0x03;
 /// The answer to a [`PING`].
 pub const PONG: u8 = 0x04;
+/// The echo of a `check` message: see [`answer_bits`].
+pub const CHECK_ANSWER: u8 = 0x05;
 
 /// The largest message the responder takes whole, whatever the registered
 /// region: 16 MiB.
@@ -89,6 +98,12 @@ pub const fn check_bits(origin: u16, run: u8, seq: u32) -> u64 {
             | (run as u64) << 24
             | (seq & 0xff_ffff) as u64,
     )
+}
+
+/// The match bits of the echo of the check request `bits`: op
+/// [`CHECK_ANSWER`], the rest as they were.
+pub const fn answer_bits(bits: u64) -> u64 {
+    with_op(CHECK_ANSWER, bits)
 }
 
 /// The parts of [`check_bits`]: `(origin, run, seq)`, when `bits` are those of
@@ -152,6 +167,10 @@ mod tests {
         assert_eq!(check_parts(with_op(ECHO, 42)), None);
         assert_eq!(check_parts(with_op(SINK, b)), None);
         assert_eq!(with_op(PONG, with_op(PING, 99)), with_op(PONG, 99));
+        let a = answer_bits(b);
+        assert_eq!(op_of(a), CHECK_ANSWER);
+        assert_eq!(check_parts(a), None, "an answer is not a request");
+        assert_eq!(with_op(ECHO, a), b);
     }
 
     #[test]

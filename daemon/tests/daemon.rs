@@ -542,6 +542,30 @@ fn abandoned_checks_end(d: &Daemon) {
     assert!(line.contains("\"passed\":200"), "{line}");
 }
 
+/// Nodes that check each other at once all get their answers: each check's
+/// answer goes to a receive posted for it. Answers used to take the ECHO
+/// receives, and a rendezvous echo (1 MiB) ends only when its origin pulls
+/// it: with both nodes' four ECHO receives busy echoing the other's checks,
+/// every answer waited for one and none came free (each check failed "no
+/// echo", and the responders stayed stuck).
+fn concurrent_checks_both_ways(a: &Daemon, b: &Daemon) {
+    const RUNS: usize = 8;
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..RUNS)
+            .flat_map(|_| [a, b])
+            .map(|d| s.spawn(move || d.json(&["check", "--sizes", "1M,1M"])))
+            .collect();
+        for r in runs {
+            let v = r.join().unwrap();
+            assert_eq!(v["ok"], true, "{v}\nA:\n{}\nB:\n{}", a.log(), b.log());
+            assert_eq!(v["passed"], 2, "{v}");
+        }
+    });
+    // The responders are free again.
+    check_passes(a, "1M", 1);
+    check_passes(b, "1M", 1);
+}
+
 #[test]
 fn two_daemons_over_memif() {
     let dir = TempDir::new("pair");
@@ -616,6 +640,7 @@ fn two_daemons_over_memif() {
         stderr(&o)
     );
     control_socket_bounds(&a);
+    concurrent_checks_both_ways(&a, &b);
     abandoned_checks_end(&a);
     // The responder's counters: B echoed A's check, and the other way.
     let stats = b.json(&["stats"]);

@@ -1,14 +1,17 @@
 //! `check`: messages of given sizes echoed off peers, every byte compared.
 //!
 //! A run goes through its peers side by side and through each peer's sizes
-//! one at a time (so a run never holds more than one of a peer's ECHO slots,
-//! and two daemons checking each other cannot take all of each other's
-//! slots). Each message carries [`ops::check_bits`] (this node as origin, the
-//! run, a sequence number) and the pattern seeded by those bits; its echo is
-//! caught by this node's own ECHO slots and handed here
+//! one at a time (so a run never holds more than one of a peer's ECHO slots).
+//! Each message carries [`ops::check_bits`] (this node as origin, the run, a
+//! sequence number unique across runs) and the pattern seeded by those bits;
+//! its echo, op [`ops::CHECK_ANSWER`], is taken by a receive posted for it
+//! before the message left, never by this node's ECHO slots (which may all
+//! be busy echoing other nodes' checks), and handed here
 //! ([`Checks::on_echo`]). A message is done when its send completed and its
 //! echo came back byte-exact, or failed: the send failed, the echo differs or
 //! is short, the peer went down, or nothing came back in [`ECHO_TIMEOUT`].
+//! Its result is then reported, but the next size to that peer waits for the
+//! send to complete: a run has at most one send in flight to each peer.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,8 +31,9 @@ pub const ECHO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Checks a node runs at once; more are refused. A run's id (in every
 /// message's match bits) is 8 bits: without a bound, 256 of them would leave
-/// no id to take. A run whose client went away ends at the next turn (its
-/// messages in flight finish on their own, unheeded).
+/// no id to take. A run whose client went away sends nothing more, and ends
+/// once its messages in flight are done (counted against this bound until
+/// then, so that checks abandoned one after another leave no sends behind).
 pub const MAX_RUNS: usize = 16;
 
 /// One peer endpoint of a run, and the sizes still to send it.
@@ -50,6 +54,8 @@ struct Item {
     sent: Option<Result<(), String>>,
     /// The echo's outcome (round trip in microseconds), once it came.
     echoed: Option<Result<f64, String>>,
+    /// Its result is in the report; it stays until its send completed.
+    reported: bool,
 }
 
 /// One `check` request being served.
@@ -58,9 +64,10 @@ struct Run {
     reply: Sender<String>,
     targets: Vec<Target>,
     report: CheckReport,
-    next_seq: u32,
     /// Set when the client that asked went away.
     left: Arc<AtomicBool>,
+    /// Seen gone: it sends nothing more, and ends unanswered.
+    abandoned: bool,
 }
 
 /// The checks under way.
@@ -68,6 +75,10 @@ struct Run {
 pub struct Checks {
     runs: Vec<Run>,
     next_id: u8,
+    /// The next message's sequence number, for every run: a late echo of an
+    /// ended run's message is not taken for a later run's that reuses its
+    /// id.
+    next_seq: u32,
 }
 
 impl Checks {
@@ -142,22 +153,26 @@ impl Checks {
             reply,
             targets: ts,
             report,
-            next_seq: 0,
             left,
+            abandoned: false,
         });
     }
 
-    /// Ends the runs whose clients went away; returns whether there were any.
-    fn drop_abandoned(&mut self) -> bool {
-        let before = self.runs.len();
-        self.runs.retain(|r| {
-            let left = r.left.load(Ordering::Relaxed);
-            if left {
+    /// Stops the runs whose clients went away from sending more; returns
+    /// whether there were any new ones.
+    fn stop_abandoned(&mut self) -> bool {
+        let mut any = false;
+        for r in &mut self.runs {
+            if !r.abandoned && r.left.load(Ordering::Relaxed) {
                 info!(run = r.id, "check abandoned: its client went away");
+                r.abandoned = true;
+                for t in &mut r.targets {
+                    t.sizes.clear();
+                }
+                any = true;
             }
-            !left
-        });
-        self.runs.len() != before
+        }
+        any
     }
 
     /// Whether any run is under way.
@@ -169,12 +184,13 @@ impl Checks {
     /// the next size, and answers finished runs. Returns whether anything
     /// happened.
     pub fn advance(&mut self, st: &mut Station) -> bool {
-        let mut busy = self.drop_abandoned();
+        let mut busy = self.stop_abandoned();
         let now = Instant::now();
         for run in &mut self.runs {
             for t in &mut run.targets {
-                if let Some(item) = &t.current {
+                if let Some(item) = &mut t.current {
                     let outcome = match (&item.sent, &item.echoed) {
+                        _ if item.reported => None,
                         (Some(Err(e)), _) => Some(Err(e.clone())),
                         (_, Some(Err(e))) => Some(Err(e.clone())),
                         (Some(Ok(())), Some(Ok(rtt))) => Some(Ok(*rtt)),
@@ -184,8 +200,17 @@ impl Checks {
                         _ => None,
                     };
                     if let Some(outcome) = outcome {
-                        let size = item.size;
+                        let (size, seq) = (item.size, item.seq);
+                        item.reported = true;
                         push_result(&mut run.report, t, size, outcome);
+                        // (Done already where the echo came.)
+                        st.cancel_check_answer(run.id, seq);
+                        busy = true;
+                    }
+                    if t.current
+                        .as_ref()
+                        .is_some_and(|i| i.reported && i.sent.is_some())
+                    {
                         t.current = None;
                         busy = true;
                     }
@@ -195,8 +220,8 @@ impl Checks {
                         break;
                     };
                     busy = true;
-                    let seq = run.next_seq;
-                    run.next_seq = run.next_seq.wrapping_add(1) & 0xff_ffff;
+                    let seq = self.next_seq;
+                    self.next_seq = self.next_seq.wrapping_add(1) & 0xff_ffff;
                     let bits = ops::check_bits(st.local.node, run.id, seq);
                     let mut bytes = vec![0u8; size as usize];
                     ops::fill_pattern(bits, &mut bytes);
@@ -209,6 +234,7 @@ impl Checks {
                                 sent_at: Instant::now(),
                                 sent: None,
                                 echoed: None,
+                                reported: false,
                             })
                         }
                         Err(e) => push_result(&mut run.report, t, size, Err(e)),
@@ -216,17 +242,31 @@ impl Checks {
                 }
             }
         }
+        self.end_finished() || busy
+    }
+
+    /// Answers the runs that have nothing left to send or wait for (those
+    /// abandoned end unanswered); returns whether any ended.
+    fn end_finished(&mut self) -> bool {
         let (done, running): (Vec<Run>, Vec<Run>) =
             std::mem::take(&mut self.runs).into_iter().partition(|r| {
-                r.targets
-                    .iter()
-                    .all(|t| t.current.is_none() && t.sizes.is_empty())
+                r.targets.iter().all(|t| {
+                    t.sizes.is_empty()
+                        && t.current
+                            .as_ref()
+                            .is_none_or(|i| i.reported && i.sent.is_some())
+                })
             });
         self.runs = running;
+        let ended = !done.is_empty();
         for run in done {
-            finish(run, None);
+            if run.abandoned {
+                info!(run = run.id, "abandoned check ended: its messages are done");
+            } else {
+                finish(run, None);
+            }
         }
-        busy
+        ended
     }
 
     /// A check message's send completed.
@@ -239,7 +279,14 @@ impl Checks {
     /// An echo of one of this node's check messages arrived at `local` (in
     /// an ECHO slot): compares it. Returns whether a run waited for it.
     pub fn on_echo(&mut self, local: Addr, info: &RecvInfo, bytes: &[u8]) -> bool {
-        let Some((origin, run, seq)) = ops::check_parts(info.match_bits) else {
+        // The request's bits: an answer comes with op CHECK_ANSWER (an old
+        // emxd's with op ECHO).
+        let bits = if ops::op_of(info.match_bits) == ops::CHECK_ANSWER {
+            ops::with_op(ops::ECHO, info.match_bits)
+        } else {
+            info.match_bits
+        };
+        let Some((origin, run, seq)) = ops::check_parts(bits) else {
             return false;
         };
         if origin != local.node {
@@ -256,7 +303,7 @@ impl Checks {
         else {
             return false;
         };
-        if item.bits != info.match_bits || item.echoed.is_some() {
+        if item.bits != bits || item.echoed.is_some() {
             return false;
         }
         let rtt = item.sent_at.elapsed().as_secs_f64() * 1e6;
@@ -334,7 +381,7 @@ fn finish(mut run: Run, interrupted: Option<&str>) {
     let not_run: usize = run
         .targets
         .iter()
-        .map(|t| t.sizes.len() + usize::from(t.current.is_some()))
+        .map(|t| t.sizes.len() + usize::from(t.current.as_ref().is_some_and(|i| !i.reported)))
         .sum();
     run.report.passed = run.report.results.iter().filter(|r| r.ok).count();
     run.report.failed = run.report.results.len() - run.report.passed;
@@ -419,8 +466,10 @@ mod tests {
         Arc::new(AtomicBool::new(false))
     }
 
-    /// A run whose client went away ends, unanswered, and makes room for
-    /// another: runs do not pile up behind clients that were interrupted.
+    /// A run whose client went away sends nothing more and ends, unanswered,
+    /// once its message in flight is done, and makes room for another: runs
+    /// do not pile up behind clients that were interrupted, nor do their
+    /// sends (it used to end at once, its message left in flight).
     #[test]
     fn a_run_whose_client_left_ends() {
         let mut checks = Checks::default();
@@ -439,9 +488,26 @@ mod tests {
             );
             replies.push(rx);
         }
-        assert!(!checks.drop_abandoned());
+        assert!(!checks.stop_abandoned());
+        // Run 3's first message is in flight, its result reported.
+        let id = checks.runs[3].id;
+        checks.runs[3].targets[0].current = Some(Item {
+            seq: 7,
+            bits: ops::check_bits(1, id, 7),
+            size: 1000,
+            sent_at: Instant::now(),
+            sent: None,
+            echoed: None,
+            reported: true,
+        });
         flags[3].store(true, Ordering::Relaxed);
-        assert!(checks.drop_abandoned());
+        assert!(checks.stop_abandoned());
+        assert!(!checks.stop_abandoned(), "seen once");
+        assert!(checks.runs[3].targets[0].sizes.is_empty(), "sends no more");
+        assert!(!checks.end_finished(), "its send is in flight");
+        assert_eq!(checks.runs.len(), MAX_RUNS);
+        checks.on_send_done(id, 7, Ok(()));
+        assert!(checks.end_finished());
         assert_eq!(checks.runs.len(), MAX_RUNS - 1);
         assert!(replies[3].try_recv().is_err(), "nobody to answer");
         let (tx, rx) = std::sync::mpsc::channel();

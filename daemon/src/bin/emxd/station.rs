@@ -38,6 +38,8 @@ enum Role {
     Discard,
     /// A check's message, sent to be echoed.
     CheckSend { run: u8, seq: u32 },
+    /// The receive of a check message's echo ([`ops::CHECK_ANSWER`]).
+    CheckAnswer { run: u8, seq: u32 },
 }
 
 impl Role {
@@ -50,6 +52,7 @@ impl Role {
             Role::Pong => "pong send",
             Role::Discard => "discard receive",
             Role::CheckSend { .. } => "check send",
+            Role::CheckAnswer { .. } => "check answer receive",
         }
     }
 
@@ -58,7 +61,11 @@ impl Role {
     fn idle_receive(self) -> bool {
         matches!(
             self,
-            Role::EchoRecv(_) | Role::Sink | Role::Watch(_) | Role::Discard
+            Role::EchoRecv(_)
+                | Role::Sink
+                | Role::Watch(_)
+                | Role::Discard
+                | Role::CheckAnswer { .. }
         )
     }
 }
@@ -313,7 +320,7 @@ impl Station {
             Role::CheckSend { run, seq } => {
                 checks.on_send_done(run, seq, Err("the request was lost".into()))
             }
-            Role::Pong | Role::Discard => {}
+            Role::Pong | Role::Discard | Role::CheckAnswer { .. } => {}
         }
     }
 
@@ -387,6 +394,17 @@ impl Station {
                 let r = c.result.map(|_| ()).map_err(|e| e.to_string());
                 checks.on_send_done(run, seq, r);
             }
+            Role::CheckAnswer { .. } => match c.into_recv() {
+                Ok((buf, info)) => {
+                    let copied = info.copied as usize;
+                    if !checks.on_echo(self.local, &info, &buf.as_ref()[..copied]) {
+                        self.counters.stray += 1;
+                        debug!(peer = ?info.src, bits = info.match_bits, "stray check answer dropped");
+                    }
+                }
+                // Cancelled when its check gave up on it, or the peer went.
+                Err(e) => self.count_failure(role, &e),
+            },
         }
     }
 
@@ -458,7 +476,14 @@ impl Station {
             }
         };
         trace!(peer = ?info.src, len = copied, "echo");
-        match self.ep.isend(info.src, info.match_bits, send) {
+        // Another node's check: its answer goes to the receive that check
+        // posted for it, not to the ECHO receives there (see `ops`).
+        let bits = if ops::check_parts(info.match_bits).is_some() {
+            ops::answer_bits(info.match_bits)
+        } else {
+            info.match_bits
+        };
+        match self.ep.isend(info.src, bits, send) {
             Ok(r) => {
                 self.reqs.push((r, Role::EchoSend(n)));
                 self.slots[n] = Slot::Echoing;
@@ -498,12 +523,44 @@ impl Station {
         run: u8,
         seq: u32,
     ) -> Result<(), String> {
+        // Its answer's receive first, so that the answer finds it whenever
+        // it comes (and never waits for an ECHO receive here).
+        let answer = self
+            .ep
+            .irecv(
+                Some(peer),
+                ops::answer_bits(bits),
+                u64::MAX,
+                vec![0u8; bytes.len()],
+            )
+            .map_err(|refused| format!("answer's receive refused: {}", refused.error))?;
         match self.ep.isend(peer, bits, bytes) {
             Ok(r) => {
+                self.reqs.push((answer, Role::CheckAnswer { run, seq }));
                 self.reqs.push((r, Role::CheckSend { run, seq }));
                 Ok(())
             }
-            Err(refused) => Err(format!("send refused: {}", refused.error)),
+            Err(refused) => {
+                // Nothing will answer: its receive ends, cancelled, and its
+                // completion comes through the request list.
+                let _ = self.ep.cancel(answer);
+                self.reqs.push((answer, Role::CheckAnswer { run, seq }));
+                Err(format!("send refused: {}", refused.error))
+            }
+        }
+    }
+
+    /// Gives up the receive of a check message's answer (the check ended
+    /// without it: no echo in time, the send failed, the peer went down).
+    pub fn cancel_check_answer(&mut self, run: u8, seq: u32) {
+        let found = self
+            .reqs
+            .iter()
+            .find(|(_, role)| *role == Role::CheckAnswer { run, seq });
+        if let Some(&(r, _)) = found {
+            // Its completion (cancelled, or the answer after all) comes
+            // through the request list as any other.
+            let _ = self.ep.cancel(r);
         }
     }
 
