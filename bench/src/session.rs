@@ -316,13 +316,17 @@ impl Ctl {
 
     /// Hands the echo thread its next command; returns its generation.
     pub(crate) fn switch(&self, cmd: Cmd) -> u64 {
-        let mut c = self.cmd.lock().expect("control lock");
-        *c = cmd;
-        // (`stop` is cleared by the echo thread as it takes the command: clearing
-        // it here could let a stream that was told to stop send again.)
-        let gen = self.gen.fetch_add(1, Ordering::AcqRel) + 1;
+        let gen = {
+            let mut c = self.cmd.lock().expect("control lock");
+            *c = cmd;
+            // (`stop` is cleared by the echo thread as it takes the command:
+            // clearing it here could let a stream that was told to stop send
+            // again.)
+            self.gen.fetch_add(1, Ordering::AcqRel) + 1
+        };
         if let Some(t) = self.echo.get() {
-            // Paused, it parks until this.
+            // Paused, it parks until this; woken once the lock it takes
+            // first is free.
             t.unpark();
         }
         gen

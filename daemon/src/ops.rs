@@ -7,7 +7,7 @@
 //!
 //! | op | name | what emxd does with the message |
 //! |---|---|---|
-//! | `0x01` | [`ECHO`] | sends the same bytes back to the source, with the same match bits |
+//! | `0x01` | [`ECHO`] | sends the same bytes back to the source, with the same match bits (a `check` message's with op [`CHECK_ANSWER`]) |
 //! | `0x02` | [`SINK`] | counts it and drops it |
 //! | `0x03` | [`PING`] | answers with the same bytes (up to [`PING_BYTES`]) and low bits, op [`PONG`]; a liveness probe for tools |
 //! | `0x04` | [`PONG`] | not received by emxd: the answer to a PING, for the prober to receive |

@@ -277,7 +277,8 @@ impl Checks {
     }
 
     /// An echo of one of this node's check messages arrived at `local` (in
-    /// an ECHO slot): compares it. Returns whether a run waited for it.
+    /// the receive posted for it, or, from an older emxd, in an ECHO slot):
+    /// compares it. Returns whether a run waited for it.
     pub fn on_echo(&mut self, local: Addr, info: &RecvInfo, bytes: &[u8]) -> bool {
         // The request's bits: an answer comes with op CHECK_ANSWER (an old
         // emxd's with op ECHO).
