@@ -542,6 +542,27 @@ fn abandoned_checks_end(d: &Daemon) {
     assert!(line.contains("\"passed\":200"), "{line}");
 }
 
+/// A signal while emxd waits for its link (a memif server with no client
+/// yet) stops it at once, exit 0, as one after the start does: it used to be
+/// heeded only when the wait ended (`link_wait_ms`, 10 s by default), and
+/// then emxd exited 1 for a link that never came up.
+#[test]
+fn a_signal_during_start_up_stops_emxd() {
+    let dir = TempDir::new("startstop");
+    let config = cluster_file(&dir, true);
+    let mut a = Daemon::start(&config, "server", &dir, "server.log");
+    wait_for(Duration::from_secs(10), "emxd starting", || {
+        a.log().contains("starting").then_some(())
+    });
+    // Past the port's start, into the wait for a client that never comes.
+    std::thread::sleep(Duration::from_millis(300));
+    a.signal(Signal::SIGTERM);
+    let status = a.wait(Duration::from_secs(3));
+    assert!(status.success(), "{status}: {}", a.log());
+    assert!(a.log().contains("stopped while starting"), "{}", a.log());
+    assert!(!a.control.exists(), "the control socket is removed");
+}
+
 /// Nodes that check each other at once all get their answers: each check's
 /// answer goes to a receive posted for it. Answers used to take the ECHO
 /// receives, and a rendezvous echo (1 MiB) ends only when its origin pulls

@@ -23,7 +23,8 @@ pub use engine::{
     ProtocolConfig, Refused, ShutdownReport, AUTO_MAC, MAX_RING,
 };
 pub use node::{
-    register_memory, start_node, start_node_on, EalConfig, Hugepages, LinkConfig, Node, NodeConfig,
+    register_memory, start_node, start_node_on, start_node_until, EalConfig, Hugepages, LinkConfig,
+    Node, NodeConfig,
 };
 pub use request::{Buf, Completed, Request};
 
@@ -111,6 +112,9 @@ pub enum Error {
     /// requests it held and their buffers are lost.
     #[error("polling thread: {0}")]
     Thread(String),
+    /// Asked to stop while starting (see [`start_node_until`]).
+    #[error("stopped while starting, before the link came up")]
+    Stopped,
 }
 
 impl From<crate::io::IoError> for Error {

@@ -168,16 +168,48 @@ pub fn register_memory(eal: &Eal, len: usize) -> Result<dpdk_ffi::ExtMem, Error>
     Ok(region)
 }
 
+/// Waits up to `wait` for the port's link, looking at `stop` every 20 ms.
+fn wait_link(port: &Port, wait: Duration, stop: &dyn Fn() -> bool) -> Result<(), Error> {
+    let start = std::time::Instant::now();
+    loop {
+        let slice = wait
+            .saturating_sub(start.elapsed())
+            .min(Duration::from_millis(20));
+        match port.wait_link(slice) {
+            Ok(_) => return Ok(()),
+            Err(e) if start.elapsed() >= wait => return Err(e.into()),
+            Err(_) if stop() => return Err(Error::Stopped),
+            Err(_) => {}
+        }
+    }
+}
+
 /// Starts the EAL, brings up the port, waits for its link and starts the
 /// engine on it.
 pub fn start_node(cfg: &NodeConfig) -> Result<Node, Error> {
+    start_node_until(cfg, &|| false)
+}
+
+/// [`start_node`] that gives up with [`Error::Stopped`] as soon as `stop`
+/// says so while it waits for the link (up to `link_wait_ms`): a daemon told
+/// to stop during its start-up stops then, not when the wait ends.
+pub fn start_node_until(cfg: &NodeConfig, stop: &dyn Fn() -> bool) -> Result<Node, Error> {
     let eal = cfg.eal.start_for(&[&cfg.link.devargs])?;
-    start_node_on(&eal, &cfg.link, &cfg.engine)
+    start_on(&eal, &cfg.link, &cfg.engine, stop)
 }
 
 /// Like [`start_node`] in a process whose EAL already runs (several nodes in
 /// one process, as tests and the benchmark do).
 pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Result<Node, Error> {
+    start_on(eal, link, engine, &|| false)
+}
+
+fn start_on(
+    eal: &Eal,
+    link: &LinkConfig,
+    engine: &EngineConfig,
+    stop: &dyn Fn() -> bool,
+) -> Result<Node, Error> {
     let name = format!("emx{}", engine.node);
     let room = link.mbuf_room();
     let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(|e| match e {
@@ -196,7 +228,7 @@ pub fn start_node_on(eal: &Eal, link: &LinkConfig, engine: &EngineConfig) -> Res
         ..PortConfig::default()
     };
     let port = Port::from_devargs(eal, &link.devargs, &pcfg, &pool)?;
-    port.wait_link(Duration::from_millis(link.link_wait_ms))?;
+    wait_link(&port, Duration::from_millis(link.link_wait_ms), stop)?;
     let io = DpdkIo::new(&port, 0, &pool)?;
     let engine = Engine::start(engine, io)?;
     Ok(Node {

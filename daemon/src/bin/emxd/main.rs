@@ -11,11 +11,11 @@ mod station;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
-use emx::runtime::{register_memory, start_node, Node};
+use emx::runtime::{register_memory, start_node_until, Node};
 use emx_config::{resolve_identity, ClusterConfig, LogFormat, LogLevel};
 use emx_daemon::control::default_control_path;
 use emx_daemon::ops;
@@ -162,12 +162,19 @@ fn run(args: Args) -> Result<(), Failure> {
         control = %control.display(),
         "starting"
     );
+    // A signal while the link is awaited (up to `link_wait_ms`) stops emxd
+    // then, as one after the start drains it: exit 0.
+    let started = start_node_until(&node_cfg, &|| stop.load(Ordering::Relaxed));
+    if let Err(emx::runtime::Error::Stopped) = started {
+        info!("stopped while starting, before the link came up");
+        return Ok(());
+    }
     let Node {
         mut engine,
         port,
         pool,
         eal,
-    } = start_node(&node_cfg).map_err(|e| {
+    } = started.map_err(|e| {
         Failure::Start(format!(
             "cannot start node {:?} on port {}: {e}",
             spec.name, spec.port
