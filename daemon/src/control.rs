@@ -470,17 +470,24 @@ pub fn request(
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
     let mut line = serde_json::to_string(req).expect("a request serializes");
     line.push('\n');
-    (&stream).write_all(line.as_bytes()).map_err(io)?;
+    // A request that emxd refuses (too long, too many connections) may meet
+    // a closed socket before it is all written: the reply that says why is
+    // read all the same.
+    let wrote = (&stream).write_all(line.as_bytes());
     let mut reply = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut reply)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => ClientError::NoReply {
-                path: shown.clone(),
-                timeout,
-            },
-            _ => io(e),
-        })?;
+    let read = BufReader::new(&stream).read_line(&mut reply);
+    if let Err(e) = wrote {
+        if reply.is_empty() {
+            return Err(io(e));
+        }
+    }
+    read.map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => ClientError::NoReply {
+            path: shown.clone(),
+            timeout,
+        },
+        _ => io(e),
+    })?;
     if reply.is_empty() {
         return Err(io(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
