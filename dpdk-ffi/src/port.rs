@@ -407,17 +407,31 @@ impl Port {
 
     /// Waits until the link is up, or fails after `timeout`.
     pub fn wait_link(&self, timeout: Duration) -> Result<LinkStatus> {
+        self.wait_link_unless(timeout, &|| false)
+            .map(|l| l.expect("never stopped"))
+    }
+
+    /// [`wait_link`](Self::wait_link) that gives up, with `Ok(None)`, as
+    /// soon as `stop` says so (it is asked every 5 ms).
+    pub fn wait_link_unless(
+        &self,
+        timeout: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<LinkStatus>> {
         let start = Instant::now();
         loop {
             let l = self.link();
             if l.up {
-                return Ok(l);
+                return Ok(Some(l));
             }
             if start.elapsed() >= timeout {
                 return Err(Error::LinkTimeout {
                     port: self.0.id,
                     timeout,
                 });
+            }
+            if stop() {
+                return Ok(None);
             }
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -168,22 +168,6 @@ pub fn register_memory(eal: &Eal, len: usize) -> Result<dpdk_ffi::ExtMem, Error>
     Ok(region)
 }
 
-/// Waits up to `wait` for the port's link, looking at `stop` every 20 ms.
-fn wait_link(port: &Port, wait: Duration, stop: &dyn Fn() -> bool) -> Result<(), Error> {
-    let start = std::time::Instant::now();
-    loop {
-        let slice = wait
-            .saturating_sub(start.elapsed())
-            .min(Duration::from_millis(20));
-        match port.wait_link(slice) {
-            Ok(_) => return Ok(()),
-            Err(e) if start.elapsed() >= wait => return Err(e.into()),
-            Err(_) if stop() => return Err(Error::Stopped),
-            Err(_) => {}
-        }
-    }
-}
-
 /// Starts the EAL, brings up the port, waits for its link and starts the
 /// engine on it.
 pub fn start_node(cfg: &NodeConfig) -> Result<Node, Error> {
@@ -228,7 +212,12 @@ fn start_on(
         ..PortConfig::default()
     };
     let port = Port::from_devargs(eal, &link.devargs, &pcfg, &pool)?;
-    wait_link(&port, Duration::from_millis(link.link_wait_ms), stop)?;
+    if port
+        .wait_link_unless(Duration::from_millis(link.link_wait_ms), stop)?
+        .is_none()
+    {
+        return Err(Error::Stopped);
+    }
     let io = DpdkIo::new(&port, 0, &pool)?;
     let engine = Engine::start(engine, io)?;
     Ok(Node {
