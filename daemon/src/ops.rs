@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `0x01` | [`ECHO`] | sends the same bytes back to the source, with the same match bits (a `check` message's with op [`CHECK_ANSWER`]) |
 //! | `0x02` | [`SINK`] | counts it and drops it |
-//! | `0x03` | [`PING`] | answers with the same bytes (up to [`PING_BYTES`]) and low bits, op [`PONG`]; a liveness probe for tools |
+//! | `0x03` | [`PING`] | answers with the same bytes (up to [`PING_BYTES`]) and low bits, op [`PONG`]; a liveness probe for tools. One PONG per peer endpoint is in flight at a time: the next PING is taken when it is done, so a prober that takes no PONGs holds one of emxd's sends, and its further PINGs wait in emxd's unexpected queue, on its own credit |
 //! | `0x04` | [`PONG`] | not received by emxd: the answer to a PING, for the prober to receive |
 //! | `0x05` | [`CHECK_ANSWER`] | the echo of a `check` message ([`check_bits`]): received only by the check that sent it |
 //!

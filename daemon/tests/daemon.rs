@@ -854,3 +854,134 @@ fn port_mac(d: &Daemon) -> Option<String> {
         .as_str()
         .map(str::to_owned)
 }
+
+/// A tool's PINGs come back as PONGs (the same low bits, the payload up to
+/// `PING_BYTES`), one PONG in flight per peer: a pinger that takes none of
+/// its PONGs ties up one of emxd's sends, not all of them (its further PINGs
+/// wait unexpected, on its own credit), so emxd still echoes for others, and
+/// every PING is answered once the PONGs are taken. This test is the client
+/// node: a pinger and a bystander endpoint on a polling thread.
+#[test]
+fn a_pinger_that_takes_no_pongs_ties_up_one_send() {
+    use emx::proto::Addr;
+    use emx_daemon::ops::{with_op, ECHO, OP_MASK, PING, PING_BYTES, PONG};
+
+    let dir = TempDir::new("pinger");
+    let config = cluster_file(&dir, true);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    let at = text.match_indices("endpoints = [0]\n").nth(1).unwrap().0;
+    text.replace_range(at..at + 16, "endpoints = [0, 1]\ncores = [1]\n");
+    std::fs::write(&config, &text).unwrap();
+    let a = Daemon::start(&config, "server", &dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let cluster = ClusterConfig::load(&config).unwrap();
+    let node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
+    let mut engine = node.engine;
+    let mut pinger = engine.endpoint_id(0).unwrap();
+    let mut bystander = engine.endpoint_id(1).unwrap();
+    let server = Addr::new(1, 0);
+    let limit = Duration::from_secs(10);
+    let log = || a.log();
+
+    // Answered, cut to PING_BYTES.
+    let long: Vec<u8> = (0..PING_BYTES + 100).map(|i| i as u8).collect();
+    let r = pinger
+        .irecv(
+            Some(server),
+            with_op(PONG, 7),
+            u64::MAX,
+            vec![0u8; 2 * PING_BYTES],
+        )
+        .unwrap();
+    let s = pinger
+        .isend(server, with_op(PING, 7), long.clone())
+        .unwrap();
+    let (buf, info) = pinger
+        .wait_timeout(r, limit)
+        .unwrap()
+        .unwrap_or_else(|| panic!("no PONG; log:\n{}", log()))
+        .into_recv()
+        .unwrap();
+    assert_eq!(info.match_bits, with_op(PONG, 7));
+    assert_eq!(&buf.as_ref()[..info.copied as usize], &long[..PING_BYTES]);
+    pinger.wait(s).unwrap().into_send().unwrap();
+
+    // PINGs whose PONGs nobody takes: past the pinger's credit (2,048 8-byte
+    // messages of its 1 MiB), and past emxd's 1,024 sends. The pinger's own
+    // sends stall once its PINGs fill its credit at emxd.
+    const FLOOD: u64 = 6000;
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut sent = 0u64;
+    let mut moved = Instant::now();
+    while sent < FLOOD && moved.elapsed() < Duration::from_secs(1) {
+        while in_flight.len() < 256 && sent < FLOOD {
+            let bits = with_op(PING, 1000 + sent);
+            in_flight.push_back(
+                pinger
+                    .isend(server, bits, sent.to_le_bytes().to_vec())
+                    .unwrap(),
+            );
+            sent += 1;
+        }
+        pinger.progress();
+        while let Some(&r) = in_flight.front() {
+            let Some(c) = pinger.take(r).unwrap() else {
+                break;
+            };
+            c.into_send().unwrap();
+            in_flight.pop_front();
+            moved = Instant::now();
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(sent > 3500, "only {sent} PINGs left");
+
+    // Another endpoint of the same node is still echoed.
+    let r = bystander
+        .irecv(Some(server), with_op(ECHO, 5), u64::MAX, vec![0u8; 64])
+        .unwrap();
+    bystander
+        .isend(server, with_op(ECHO, 5), b"still served".to_vec())
+        .unwrap();
+    let echoed = bystander
+        .wait_timeout(r, limit)
+        .unwrap()
+        .unwrap_or_else(|| panic!("no echo while a pinger takes no PONGs; log:\n{}", log()));
+    let (buf, info) = echoed.into_recv().unwrap();
+    assert_eq!(&buf.as_ref()[..info.copied as usize], b"still served");
+
+    // Every PING is answered once, with its own bytes, once the PONGs are taken.
+    let mut answered = vec![false; sent as usize];
+    let mut left = sent;
+    while left > 0 {
+        let r = pinger
+            .irecv(Some(server), with_op(PONG, 0), OP_MASK, vec![0u8; 64])
+            .unwrap();
+        let Some(c) = pinger.wait_timeout(r, limit).unwrap() else {
+            panic!("{left} of {sent} PINGs unanswered; log:\n{}", log());
+        };
+        let (buf, info) = c.into_recv().unwrap();
+        let i = (info.match_bits & !OP_MASK) - 1000;
+        assert_eq!(info.match_bits, with_op(PONG, 1000 + i));
+        assert_eq!(buf.as_ref()[..info.copied as usize], i.to_le_bytes());
+        assert!(
+            !std::mem::replace(&mut answered[i as usize], true),
+            "PING {i} answered twice"
+        );
+        left -= 1;
+    }
+    for s in in_flight {
+        let c = pinger.wait_timeout(s, limit).unwrap().expect("PING sent");
+        c.into_send().unwrap();
+    }
+    let stats = a.json(&["status"]);
+    assert_eq!(stats["responder"]["pongs"], sent + 1, "{stats}");
+    drop((pinger, bystander));
+    engine.shutdown(Duration::from_secs(1)).unwrap();
+    let mut a = a;
+    a.signal(Signal::SIGTERM);
+    assert!(a.wait(Duration::from_secs(8)).success(), "{}", a.log());
+}

@@ -32,8 +32,8 @@ enum Role {
     Sink,
     /// The liveness receive on one peer (PING messages from it).
     Watch(Addr),
-    /// The answer to a PING.
-    Pong,
+    /// The answer to a PING from this peer.
+    Pong(Addr),
     /// A receive that takes a message nobody serves, to drop it.
     Discard,
     /// A check's message, sent to be echoed.
@@ -49,7 +49,7 @@ impl Role {
             Role::EchoSend(_) => "echo send",
             Role::Sink => "sink receive",
             Role::Watch(_) => "liveness receive",
-            Role::Pong => "pong send",
+            Role::Pong(_) => "pong send",
             Role::Discard => "discard receive",
             Role::CheckSend { .. } => "check send",
             Role::CheckAnswer { .. } => "check answer receive",
@@ -79,6 +79,21 @@ enum Slot {
     Echoing,
     /// To be posted again (its range may still be referenced by frames).
     Free,
+}
+
+/// A peer's liveness receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Watch {
+    /// Not posted: the peer is declared down, or the post was refused (the
+    /// scan posts it again).
+    Idle,
+    /// Posted.
+    Posted,
+    /// The PONG of the PING it took is in flight; posted again when that
+    /// send is done. A peer that pings and takes none of its PONGs holds one
+    /// send of this endpoint, not all of them: its further PINGs wait as
+    /// unexpected messages, on its own credit.
+    Answering,
 }
 
 /// The last state of a peer that was logged.
@@ -122,8 +137,8 @@ pub struct Station {
     sinks_free: Vec<Vec<u8>>,
     /// Every outstanding request and what it is for.
     reqs: Vec<(Request, Role)>,
-    /// Per peer in the engine's table: its liveness receive, when posted.
-    watches: BTreeMap<Addr, Option<Request>>,
+    /// Per peer in the engine's table: its liveness receive.
+    watches: BTreeMap<Addr, Watch>,
     /// Per peer: what was last logged.
     views: BTreeMap<Addr, View>,
     /// The responder's counters.
@@ -163,7 +178,7 @@ impl Station {
             slots: vec![Slot::Free; ops::ECHO_SLOTS],
             sinks_free: (0..ops::SINK_SLOTS).map(|_| vec![0u8; max]).collect(),
             reqs: Vec::new(),
-            watches: peers.iter().map(|p| (p.addr, None)).collect(),
+            watches: peers.iter().map(|p| (p.addr, Watch::Idle)).collect(),
             views: peers
                 .iter()
                 .map(|p| {
@@ -254,8 +269,14 @@ impl Station {
         }
     }
 
+    /// Whether `peer`'s PINGs are served: its liveness receive is posted,
+    /// or will be once its last PONG is sent.
+    fn watched(&self, peer: Addr) -> bool {
+        self.watches.get(&peer).is_some_and(|w| *w != Watch::Idle)
+    }
+
     fn post_watch(&mut self, peer: Addr) {
-        if self.closing || self.watches.get(&peer).is_some_and(Option::is_some) {
+        if self.closing || self.watched(peer) {
             return;
         }
         match self.ep.irecv(
@@ -266,12 +287,12 @@ impl Station {
         ) {
             Ok(r) => {
                 self.reqs.push((r, Role::Watch(peer)));
-                self.watches.insert(peer, Some(r));
+                self.watches.insert(peer, Watch::Posted);
             }
             // Declared down: posted again once it is back.
             Err(refused) => {
                 debug!(peer = ?peer, error = %refused.error, "liveness receive not posted");
-                self.watches.insert(peer, None);
+                self.watches.insert(peer, Watch::Idle);
             }
         }
     }
@@ -314,13 +335,13 @@ impl Station {
         match role {
             Role::EchoRecv(n) | Role::EchoSend(n) => self.slots[n] = Slot::Free,
             Role::Sink => self.sinks_free.push(vec![0u8; self.max]),
-            Role::Watch(p) => {
-                self.watches.insert(p, None);
+            Role::Watch(p) | Role::Pong(p) => {
+                self.watches.insert(p, Watch::Idle);
             }
             Role::CheckSend { run, seq } => {
                 checks.on_send_done(run, seq, Err("the request was lost".into()))
             }
-            Role::Pong | Role::Discard | Role::CheckAnswer { .. } => {}
+            Role::Discard | Role::CheckAnswer { .. } => {}
         }
     }
 
@@ -359,7 +380,7 @@ impl Station {
                 }
             },
             Role::Watch(peer) => {
-                self.watches.insert(peer, None);
+                self.watches.insert(peer, Watch::Idle);
                 match c.into_recv() {
                     Ok((buf, info)) => {
                         let n = info.copied as usize;
@@ -368,13 +389,14 @@ impl Station {
                         match self.ep.isend(info.src, bits, answer) {
                             Ok(r) => {
                                 self.counters.pongs += 1;
-                                self.reqs.push((r, Role::Pong));
+                                self.reqs.push((r, Role::Pong(peer)));
+                                self.watches.insert(peer, Watch::Answering);
                             }
                             Err(refused) => {
-                                debug!(peer = ?info.src, error = %refused.error, "PING not answered")
+                                debug!(peer = ?info.src, error = %refused.error, "PING not answered");
+                                self.post_watch(peer);
                             }
                         }
-                        self.post_watch(peer);
                     }
                     // Declared unreachable: the scan logs it and posts the
                     // receive again when the peer is back.
@@ -385,7 +407,16 @@ impl Station {
                     }
                 }
             }
-            Role::Pong | Role::Discard => {
+            Role::Pong(peer) => {
+                if let Err(e) = c.result {
+                    self.count_failure(role, &e);
+                }
+                // Declared down meanwhile: refused, and posted by the scan
+                // once the peer is back.
+                self.watches.insert(peer, Watch::Idle);
+                self.post_watch(peer);
+            }
+            Role::Discard => {
                 if let Err(e) = c.result {
                     self.count_failure(role, &e);
                 }
@@ -651,7 +682,7 @@ impl Station {
                 checks.peer_down(p.addr);
             }
             // (A peer being greeted again is watched too, though shown down.)
-            if !p.down && !self.closing && !self.watches.get(&p.addr).is_some_and(Option::is_some) {
+            if !p.down && !self.closing && !self.watched(p.addr) {
                 self.post_watch(p.addr);
             }
         }
@@ -671,7 +702,7 @@ impl Station {
             };
             let served = match ops::op_of(m.match_bits) {
                 ECHO | SINK => true,
-                PING => self.watches.get(&m.src).is_some_and(Option::is_some),
+                PING => self.watched(m.src),
                 _ => false,
             };
             if served {
