@@ -16,6 +16,12 @@ use crate::error::ConfigError;
 /// The longest node name taken: it goes into socket paths, which are short.
 const MAX_NAME: usize = 64;
 
+/// The EAL memory a node needs at least beside its mbuf pool, for the EAL's
+/// and the driver's own allocations: a memif node at MTU 9000, whose pool
+/// is about 146 MiB, starts with `memory_mb = 150` and fails at 148. (A NIC's
+/// driver may need more; emxd's start-up error then says to give more.)
+const EAL_ROOM: u64 = 4 << 20;
+
 impl ClusterConfig {
     /// The checks after parsing that do not depend on the machine.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
@@ -71,7 +77,6 @@ impl ClusterConfig {
         let mut ids = HashMap::new();
         let mut names = HashMap::new();
         let mut macs = HashMap::new();
-        let mut first_mtu: Option<(usize, u16)> = None;
         for (i, n) in self.nodes().iter().enumerate() {
             self.check_node(i, n)?;
             let earlier = |what: &str, j: usize| {
@@ -100,23 +105,27 @@ impl ClusterConfig {
                 macs.insert(a, i);
             }
             // No MTU is negotiated: each node sizes its frames by its own, and
-            // a peer's port drops what is longer than its MTU.
-            match (n.mtu, first_mtu) {
-                (Some(m), Some((j, m0))) if m != m0 => {
-                    let e = &self.nodes()[j];
-                    return Err(self.invalid(
-                        &format!("node[{i}].mtu"),
-                        format!(
-                            "mtu {m} differs from node[{j}] \"{}\" at line {} (mtu {m0}): frames \
-                             longer than a peer's MTU are dropped there (give every node the \
-                             same mtu)",
-                            e.name,
-                            self.line_of_path(&format!("node[{j}]"))
-                        ),
-                    ));
-                }
-                (Some(m), None) => first_mtu = Some((i, m)),
-                _ => {}
+            // a peer's port drops what is longer than its MTU. A node that
+            // sets none has its driver's (1500 on most).
+            let m0 = self.nodes()[0].mtu;
+            if n.mtu != m0 {
+                let e = &self.nodes()[0];
+                let mtu = |m: Option<u16>| {
+                    m.map_or("no mtu (its driver's, 1500 on most)".to_owned(), |m| {
+                        format!("mtu {m}")
+                    })
+                };
+                return Err(self.invalid(
+                    &format!("node[{i}].mtu"),
+                    format!(
+                        "{} differs from node[0] \"{}\" at line {} ({}): frames longer than a \
+                         peer's MTU are dropped there (give every node the same mtu)",
+                        mtu(n.mtu),
+                        e.name,
+                        self.line_of_path("node[0]"),
+                        mtu(m0)
+                    ),
+                ));
             }
         }
         self.check_peer_table()?;
@@ -178,17 +187,19 @@ impl ClusterConfig {
                 ),
             ));
         }
-        // The port's mbuf pool comes out of the EAL's memory: one that cannot
-        // fit fails at start with DPDK's "Cannot allocate memory".
+        // The port's mbuf pool comes out of the EAL's memory, beside the
+        // EAL's and the driver's own: a pool that leaves less than
+        // `EAL_ROOM` fails at start with DPDK's "Cannot allocate memory".
         let pool = crate::cluster::link_config(&n.port, n.mtu).pool_bytes();
         let have = u64::from(self.memory().memory_mb) << 20;
-        if pool > have {
+        if pool + EAL_ROOM > have {
             let mib = pool.div_ceil(1 << 20);
             return Err(self.invalid(
                 "memory.memory_mb",
                 format!(
-                    "{} MiB cannot hold node {:?}'s mbuf pool, about {mib} MiB at {} (give \
-                     memory_mb more: {} leaves room for the rest)",
+                    "{} MiB cannot hold node {:?}'s mbuf pool, about {mib} MiB at {}, beside \
+                     the EAL's and the driver's own memory (give memory_mb more: {} leaves \
+                     room for the rest)",
                     self.memory().memory_mb,
                     n.name,
                     n.mtu
@@ -346,6 +357,13 @@ impl ClusterConfig {
                          framing) and be at most 1 GiB"
                     ),
                 ),
+                ProtoConfigError::Timers(TimerRule::TooLong(name)) => (
+                    format!("protocol.{name}_us"),
+                    format!(
+                        "out of range (want at most {} us, an hour)",
+                        emx::proto::MAX_TIMER.as_micros()
+                    ),
+                ),
                 ProtoConfigError::Timers(rule) => {
                     let us = |d: std::time::Duration| d.as_micros();
                     // The two fields the rule ties (the first the file sets is named).
@@ -387,6 +405,7 @@ impl ClusterConfig {
                                 us(core.peer_timeout)
                             ),
                         ),
+                        TimerRule::TooLong(_) => unreachable!("matched by the arm above"),
                     };
                     let field = set(a.0, a.1)
                         .or_else(|| set(b.0, b.1))

@@ -67,7 +67,7 @@ pub enum ConfigError {
     /// Nothing said which node this process is.
     #[error(
         "cannot tell which node this process is: pass --node NAME|ID, or set EMX_NODE=NAME|ID, \
-         or start it under a launcher that sets SLURM_PROCID, PMI_RANK or OMPI_COMM_WORLD_RANK \
+         or start it under a launcher that sets OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID \
          (rank r runs the r-th [[node]] of the cluster file, counting from 0)"
     )]
     NoIdentity,

@@ -3,9 +3,12 @@
 //! In order, the first that is given wins:
 //! 1. a command-line flag (`--node NAME|ID`), passed in by the binary;
 //! 2. the `EMX_NODE` environment variable (`NAME|ID`);
-//! 3. a launcher's rank: `SLURM_PROCID` (Slurm's srun), `PMI_RANK` (MPICH's
-//!    Hydra and other PMI launchers), `OMPI_COMM_WORLD_RANK` (Open MPI's
-//!    mpirun). Rank r is the r-th `[[node]]` of the file, counting from 0.
+//! 3. a launcher's rank: `OMPI_COMM_WORLD_RANK` (Open MPI's mpirun),
+//!    `PMI_RANK` (MPICH's Hydra and other PMI launchers), `SLURM_PROCID`
+//!    (Slurm's srun). Rank r is the r-th `[[node]]` of the file, counting
+//!    from 0. The MPI launchers' ranks come first: an mpirun inside a Slurm
+//!    job starts its processes through one Slurm task per host, so they all
+//!    inherit that task's `SLURM_PROCID`, the host's number, not their own.
 //!
 //! A value of digits is a node id, anything else a node name (the file
 //! refuses names that are numbers, so the two cannot be confused). An empty
@@ -19,7 +22,7 @@ use crate::error::ConfigError;
 pub const NODE_VARIABLE: &str = "EMX_NODE";
 
 /// Launcher rank variables, in the order they are consulted.
-pub const RANK_VARIABLES: [&str; 3] = ["SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK"];
+pub const RANK_VARIABLES: [&str; 3] = ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"];
 
 /// Who this process says it is, and where it said so. Look the node up with
 /// [`ClusterConfig::node_for`](crate::ClusterConfig::node_for).

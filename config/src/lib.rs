@@ -110,8 +110,8 @@
 //! # Which node am I
 //!
 //! A process finds its node with [`resolve_identity`]: from a `--node NAME|ID`
-//! flag, the `EMX_NODE` variable, or a launcher's rank (`SLURM_PROCID`,
-//! `PMI_RANK`, `OMPI_COMM_WORLD_RANK`), then
+//! flag, the `EMX_NODE` variable, or a launcher's rank (`OMPI_COMM_WORLD_RANK`,
+//! `PMI_RANK`, `SLURM_PROCID`, in that order), then
 //! [`ClusterConfig::local_node_config`] gives its engine configuration:
 //!
 //! ```no_run

@@ -178,17 +178,21 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("duplicate-mac.toml", 14, "node[1].mac", "duplicate MAC address 02:00:00:00:00:01 (node[0] \"n1\" at line 5 has it too)"),
     ("duplicate-name.toml", 13, "node[1].name", "duplicate node name \"alpha\" (node[0] \"alpha\" at line 5 has it too)"),
     ("endpoints-inline.toml", 10, "node[0].endpoints", "2 endpoints need a polling thread (give cores = [N])"),
+    ("eager-huge.toml", 7, "protocol.eager_threshold", "must hold one eager message of eager_threshold bytes (9223372036854776064 bytes with its framing)"),
     ("ethertype-vlan.toml", 4, "cluster.ethertype", "0x8100 is an 802.1Q VLAN tag's EtherType"),
     ("ethertype-low.toml", 4, "cluster.ethertype", "0x0500 is below 0x0600, where values are frame lengths, not EtherTypes (want 0x0600..=0xffff"),
-    ("memory-for-pool.toml", 6, "memory.memory_mb", "128 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000 (give memory_mb more: 210 leaves room for the rest)"),
+    ("memory-for-pool.toml", 6, "memory.memory_mb", "128 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000, beside the EAL's and the driver's own memory (give memory_mb more: 210 leaves room for the rest)"),
+    ("memory-no-room.toml", 7, "memory.memory_mb", "148 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000, beside"),
     ("missing-port.toml", 11, "node[1].port", "missing (this key is required)"),
     ("mtu-mismatch.toml", 16, "node[1].mtu", "mtu 1500 differs from node[0] \"n1\" at line 5 (mtu 9000): frames longer than a peer's MTU are dropped there (give every node the same mtu)"),
+    ("mtu-unset.toml", 12, "node[1].mtu", "no mtu (its driver's, 1500 on most) differs from node[0] \"n1\" at line 5 (mtu 9000): frames longer than a peer's MTU are dropped there"),
     ("name-slash.toml", 7, "node[0].name", "bad node name \"rack1/n1\" (want 1 to 64 letters, digits, '.', '_' or '-', not starting with '.')"),
     ("no-nodes.toml", 1, "node", "no [[node]] tables: a cluster needs at least one node"),
     ("numeric-name.toml", 7, "node[0].name", "a name must not be a number"),
     ("pack-max-zero.toml", 6, "protocol.pack_max", "0 is out of range (want at least 1 message per frame"),
     ("protocol-ethertype.toml", 6, "protocol.ethertype", "the EtherType belongs in [cluster] (cluster.ethertype), not in [protocol]"),
     ("pull-inflight-range.toml", 6, "protocol.pull_inflight", "9 is out of range (want 1..=8"),
+    ("rto-max-huge.toml", 7, "protocol.rto_max_us", "out of range (want at most 3600000000 us, an hour)"),
     ("rto-order.toml", 7, "protocol.rto_min_us", "rto_min_us (5000 us) must be above 0 and at most rto_max_us (1000 us)"),
     ("syntax.toml", 10, "", "not valid TOML: invalid string; expected `\"`, `'`"),
     ("timers.toml", 7, "protocol.keepalive_us", "keepalive_us (200000 us) must be above 0 and below peer_timeout_us (100000 us)"),
@@ -339,19 +343,17 @@ fn identity_from_each_launcher_rank() {
             format!("{var}=\"two\": not a rank (want a number: 0, 1, ...)")
         );
     }
-    // In the order Slurm, PMI, Open MPI.
+    // In the order Open MPI, PMI, Slurm: under mpirun in a Slurm job, every
+    // process on a host has the host's SLURM_PROCID.
     let me = resolve_identity(
         None,
         env(&[("OMPI_COMM_WORLD_RANK", "0"), ("PMI_RANK", "1")]),
     )
     .unwrap();
+    assert_eq!(me.source, IdentitySource::Env("OMPI_COMM_WORLD_RANK"));
+    let me = resolve_identity(None, env(&[("PMI_RANK", "3"), ("SLURM_PROCID", "1")])).unwrap();
     assert_eq!(me.source, IdentitySource::Env("PMI_RANK"));
-    let me = resolve_identity(
-        None,
-        env(&[("OMPI_COMM_WORLD_RANK", "0"), ("SLURM_PROCID", "1")]),
-    )
-    .unwrap();
-    assert_eq!(me.source, IdentitySource::Env("SLURM_PROCID"));
+    assert_eq!(me.who, Who::Rank(3));
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //!
 //! One emxd runs one node of a cluster file (`emx_config`): it works out
 //! which node it is (`--node`, else `EMX_NODE`, else a launcher's rank:
-//! `SLURM_PROCID`, `PMI_RANK`, `OMPI_COMM_WORLD_RANK`), starts the node's
+//! `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID`), starts the node's
 //! engine on its port ([`emx::runtime::start_node`]), opens one endpoint per
 //! endpoint of the node, and then serves three things until told to stop:
 //!

@@ -499,17 +499,33 @@ impl CoreConfig {
         if self.pack_max == 0 {
             return Err(E::Table("pack_max"));
         }
-        if self.peer_credit() > MAX_PEER_CREDIT
-            || self.peer_credit() < matching::eager_charge(self.eager_threshold)
-        {
+        // (A threshold near u64::MAX would overflow `eager_charge`.)
+        let need = self
+            .eager_threshold
+            .checked_next_multiple_of(matching::CHUNK as u64)
+            .and_then(|b| b.checked_add(matching::MSG_OVERHEAD))
+            .unwrap_or(u64::MAX);
+        if self.peer_credit() > MAX_PEER_CREDIT || self.peer_credit() < need {
             return Err(E::Credits {
                 credit: self.peer_credit(),
-                need: matching::eager_charge(self.eager_threshold),
+                need,
             });
         }
         // A delayed ack must come back before the sender's timer fires, and a peer must
         // get probed before it is declared dead.
-        let broken = if self.rto_min > self.rto_max || self.rto_min.is_zero() {
+        // The clock counts nanoseconds in a u64: longer timers wrapped.
+        let timers = [
+            ("rto_initial", self.rto_initial),
+            ("rto_min", self.rto_min),
+            ("rto_max", self.rto_max),
+            ("ack_delay", self.ack_delay),
+            ("keepalive", self.keepalive),
+            ("peer_timeout", self.peer_timeout),
+        ];
+        let too_long = timers.iter().find(|(_, d)| *d > MAX_TIMER);
+        let broken = if let Some(&(name, _)) = too_long {
+            Some(TimerRule::TooLong(name))
+        } else if self.rto_min > self.rto_max || self.rto_min.is_zero() {
             Some(TimerRule::Rto)
         } else if self.ack_every == 0 {
             Some(TimerRule::AckEvery)
@@ -589,7 +605,15 @@ pub enum TimerRule {
     /// `keepalive` is zero or not below `peer_timeout`.
     #[error("keepalive must be above 0 and below peer_timeout")]
     Keepalive,
+    /// The named timer is longer than [`MAX_TIMER`].
+    #[error("{0} must be at most an hour")]
+    TooLong(&'static str),
 }
+
+/// The longest any protocol timer may be: an hour. (Far longer ones wrapped
+/// in the core's nanosecond arithmetic, and a retransmission timeout of more
+/// than an hour is no timeout.)
+pub const MAX_TIMER: Duration = Duration::from_secs(3600);
 
 /// Why a peer could not be added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -688,4 +712,36 @@ pub enum RequestError {
     /// that ends so may still have reached its receiver, in part or whole.
     #[error("aborted: the engine shut down before the request finished")]
     Aborted,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers_past_an_hour_and_unchargeable_thresholds_are_refused() {
+        let mut c = CoreConfig::default();
+        assert_eq!(c.validate(), Ok(()));
+        c.rto_max = MAX_TIMER;
+        assert_eq!(c.validate(), Ok(()));
+        // In nanoseconds this wraps to 384: below rto_min, and `clamp` with
+        // min above max panics.
+        c.rto_max = Duration::from_micros(18_446_744_073_709_552);
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::Timers(TimerRule::TooLong("rto_max")))
+        );
+        let c = CoreConfig {
+            eager_threshold: u64::MAX,
+            ..CoreConfig::default()
+        };
+        assert!(
+            matches!(
+                c.validate(),
+                Err(ConfigError::Credits { need: u64::MAX, .. })
+            ),
+            "{:?}",
+            c.validate()
+        );
+    }
 }

@@ -35,7 +35,7 @@ struct Args {
     #[arg(long, env = "EMX_CONFIG", value_name = "FILE")]
     config: PathBuf,
     /// Which node of the file this is, by name or id. Default: EMX_NODE, or
-    /// a launcher's rank (SLURM_PROCID, PMI_RANK, OMPI_COMM_WORLD_RANK).
+    /// a launcher's rank (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID).
     #[arg(long, value_name = "NAME|ID")]
     node: Option<String>,
     /// The control socket. Default: /run/emx/emxd-NAME.sock with the node's
