@@ -35,7 +35,7 @@ fi
 
 TAG="emxt$$"
 BR="${TAG}br"
-WORK=$(mktemp -d /tmp/emx-testbed.XXXXXX)
+WORK=$(mktemp -d "/tmp/emx-testbed.$$.XXXXXX")
 DEADLINE_MS=1000
 declare -A PID
 
@@ -60,15 +60,25 @@ trap 'exit 130' INT TERM
 # shellcheck source=scripts/cluster-check.sh
 . scripts/cluster-check.sh
 
-# What a run killed outright (SIGKILL, a test runner's timeout) left: its
-# namespaces (their veths go with them) and bridge, named after its pid,
-# removed once that run is over (see run_over). A live run's are left alone.
-stale_pid() { [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br)$ ]] && run_over "${BASH_REMATCH[1]}"; }
+# What a run killed outright (SIGKILL, a test runner's timeout) left, named
+# after its pid, removed once that run is over (see run_over); a live run's
+# is left alone: its namespaces with the emxd still running in them (a
+# namespace outlives its name while a process is in it, and so does the veth
+# into it), its bridge and veths, and its work directory.
+stale_pid() { [[ $1 =~ ^emxt([0-9]+)(n[0-9]+|br|v[0-9]+)$ ]] && run_over "${BASH_REMATCH[1]}"; }
 for ns in $(ip netns list | awk '{print $1}'); do
-    if stale_pid "$ns"; then ip netns del "$ns" 2>/dev/null || true; fi
+    if stale_pid "$ns"; then
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+    fi
 done
-for br in $(ip -o link show type bridge | awk -F': ' '{print $2}' | cut -d@ -f1); do
-    if stale_pid "$br"; then ip link del "$br" 2>/dev/null || true; fi
+for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1); do
+    if stale_pid "$link"; then ip link del "$link" 2>/dev/null || true; fi
+done
+for dir in /tmp/emx-testbed.*.*; do
+    pid=${dir#/tmp/emx-testbed.}
+    pid=${pid%%.*}
+    if [ "$dir" != "$WORK" ] && [[ $pid =~ ^[0-9]+$ ]] && run_over "$pid"; then rm -rf "$dir"; fi
 done
 
 cluster_file 9 "net_af_packet0,iface=eth0,qpairs=1" text > "$WORK/cluster.toml"

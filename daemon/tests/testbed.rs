@@ -38,13 +38,14 @@ fn namespace_testbed_3_nodes() {
         nix::unistd::geteuid().is_root(),
         "the namespace testbed needs root (network namespaces): run the tests as root"
     );
-    // What a run killed outright left: a namespace and a bridge named after
-    // its pid, gone but not yet reaped (a zombie). The next run removes them.
+    // What a run killed outright left, named after its pid, gone but not
+    // yet reaped (a zombie): a namespace with its daemon still running in it
+    // and a veth into it, a bridge, a work directory. The next run removes
+    // them.
     let mut dead = zombie();
-    let (ns, br) = (
-        format!("emxt{}n1", dead.id()),
-        format!("emxt{}br", dead.id()),
-    );
+    let tag = format!("emxt{}", dead.id());
+    let (ns, br, veth) = (format!("{tag}n1"), format!("{tag}br"), format!("{tag}v1"));
+    let work = format!("/tmp/emx-testbed.{}.stale", dead.id());
     let ip = |args: &[&str]| {
         Command::new("ip")
             .args(args)
@@ -53,17 +54,34 @@ fn namespace_testbed_3_nodes() {
     };
     assert!(ip(&["netns", "add", &ns]));
     assert!(ip(&["link", "add", &br, "type", "bridge"]));
+    assert!(ip(&[
+        "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns
+    ]));
+    let mut daemon = Command::new("ip")
+        .args(["netns", "exec", &ns, "sleep", "600"])
+        .spawn()
+        .expect("run sleep in the namespace");
+    std::fs::create_dir_all(&work).unwrap();
     let (ok, text) = run_script("scripts/testbed-netns.sh", "3", &[]);
     let ns_there = Path::new("/run/netns").join(&ns).exists();
     let br_there = ip(&["link", "show", &br]);
+    let veth_there = ip(&["link", "show", &veth]);
+    let daemon_ran = daemon.try_wait().unwrap().is_none();
+    let work_there = Path::new(&work).exists();
+    let _ = daemon.kill();
+    let _ = daemon.wait();
     ip(&["netns", "del", &ns]);
     ip(&["link", "del", &br]);
+    ip(&["link", "del", &veth]);
+    let _ = std::fs::remove_dir_all(&work);
     dead.wait().expect("reap the zombie");
     assert!(ok, "{text}");
     assert!(text.contains("cluster check passed"), "{text}");
     assert!(
-        !ns_there && !br_there,
-        "a killed run's namespace or bridge outlived the next run"
+        !ns_there && !br_there && !veth_there && !daemon_ran && !work_there,
+        "a killed run's leftovers outlived the next run: namespace {ns_there}, bridge \
+         {br_there}, veth {veth_there}, process in the namespace {daemon_ran}, work \
+         directory {work_there}"
     );
 }
 
