@@ -22,6 +22,13 @@ as_root() {
   elif command -v sudo >/dev/null; then sudo "$@"
   else return 1; fi
 }
+# For the best-effort steps: never asks for a password (a kernel that cannot
+# reserve every hugepage would otherwise prompt on every run).
+as_root_quietly() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo -n "$@"
+  else return 1; fi
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -60,12 +67,12 @@ fi
 nr=/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages
 if [ "$HUGEPAGES" -gt 0 ] && [ -e "$nr" ]; then
   if [ "$(cat "$nr")" -lt "$HUGEPAGES" ]; then
-    echo "$HUGEPAGES" | as_root tee "$nr" >/dev/null 2>&1 || true
+    echo "$HUGEPAGES" | as_root_quietly tee "$nr" >/dev/null 2>&1 || true
     [ "$(cat "$nr")" -ge "$HUGEPAGES" ] \
       || say "reserved $(cat "$nr") of $HUGEPAGES hugepages; emx runs without them (--no-huge) where short"
   fi
   if ! grep -q ' hugetlbfs ' /proc/mounts; then
-    { as_root mkdir -p /dev/hugepages && as_root mount -t hugetlbfs nodev /dev/hugepages; } >/dev/null 2>&1 \
+    { as_root_quietly mkdir -p /dev/hugepages && as_root_quietly mount -t hugetlbfs nodev /dev/hugepages; } >/dev/null 2>&1 \
       || say "could not mount hugetlbfs on /dev/hugepages; emx runs without hugepages (--no-huge)"
   fi
 fi
