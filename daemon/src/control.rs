@@ -303,6 +303,9 @@ pub struct LinkStats {
     pub tx_bytes: u64,
     /// Transmit attempts that found the link full.
     pub tx_full: u64,
+    /// Transmit rounds that found the mbuf pool empty (frames waited).
+    #[serde(default)]
+    pub tx_no_buffer: u64,
     /// Payload bytes copied into frames.
     pub payload_copied: u64,
     /// Payload bytes attached from registered memory without a copy.

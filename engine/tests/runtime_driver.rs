@@ -150,55 +150,6 @@ fn lossy_reordering_link_delivers_exactly_once() {
     assert!(retrans > 0, "losses were repaired by retransmission");
 }
 
-/// A link whose payloads never attach (as a DPDK port out of mbufs for the
-/// payload's segment), and that copies nothing below a size.
-struct NoAttach(emx::io::MemIo);
-
-impl PacketIo for NoAttach {
-    type Frame = <emx::io::MemIo as PacketIo>::Frame;
-    fn recv(&mut self, out: &mut Vec<Self::Frame>, max: usize) -> usize {
-        self.0.recv(out, max)
-    }
-    fn send(&mut self, f: &mut Vec<Self::Frame>) -> usize {
-        self.0.send(f)
-    }
-    fn alloc(&mut self) -> Result<Self::Frame, emx::io::IoError> {
-        self.0.alloc()
-    }
-    fn put<'f>(
-        &mut self,
-        frame: &'f mut Self::Frame,
-        len: usize,
-    ) -> Result<&'f mut [u8], emx::io::IoError> {
-        self.0.put(frame, len)
-    }
-    fn truncate(&mut self, frame: &mut Self::Frame, len: usize) {
-        self.0.truncate(frame, len)
-    }
-    fn attach(
-        &mut self,
-        _: &mut Self::Frame,
-        _: emx::io::Payload<'_>,
-    ) -> Result<(), emx::io::IoError> {
-        Err(emx::io::IoError::NoBuffer("no mbuf for the payload".into()))
-    }
-    fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame> {
-        self.0.duplicate(frame)
-    }
-    fn mac(&self) -> emx::io::Mac {
-        self.0.mac()
-    }
-    fn max_frame(&self) -> usize {
-        self.0.max_frame()
-    }
-    fn copy_below(&self) -> usize {
-        0
-    }
-    fn stats(&self) -> emx::io::IoStats {
-        self.0.stats()
-    }
-}
-
 /// A payload that cannot be attached costs its frame (the core sends it
 /// again), and the driver stops building for the round: it used to go on
 /// taking every frame the core had ready, each dropped the same way and
@@ -208,7 +159,7 @@ fn a_failed_attach_ends_the_round() {
     let clock = Clock::new();
     let (ia, ib) = MemNetwork::pair(1500);
     let (ma, mb) = (ia.mac(), ib.mac());
-    let mut a = driver(NoAttach(ia), 1, (2, mb), &clock);
+    let mut a = driver(Starved::no_attach(ia), 1, (2, mb), &clock);
     let mut b = driver(ib, 2, (1, ma), &clock);
     // The sessions start (HELLOs carry no payload).
     for _ in 0..10 {
@@ -238,6 +189,149 @@ fn a_failed_attach_ends_the_round() {
         1,
         "one frame lost for the round, not six"
     );
+}
+
+/// A link short of buffers: with `no_attach`, payloads never attach (as a
+/// DPDK port out of mbufs for the payload's segment) and nothing is copied
+/// instead; while `dry` is set, no frame can be allocated (as a DPDK port
+/// whose pool ran dry, with the application holding lent receives).
+struct Starved {
+    inner: emx::io::MemIo,
+    no_attach: bool,
+    dry: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl Starved {
+    fn no_attach(inner: emx::io::MemIo) -> Starved {
+        Starved {
+            inner,
+            no_attach: true,
+            dry: Default::default(),
+        }
+    }
+}
+
+impl PacketIo for Starved {
+    type Frame = <emx::io::MemIo as PacketIo>::Frame;
+    fn recv(&mut self, out: &mut Vec<Self::Frame>, max: usize) -> usize {
+        self.inner.recv(out, max)
+    }
+    fn send(&mut self, f: &mut Vec<Self::Frame>) -> usize {
+        self.inner.send(f)
+    }
+    fn alloc(&mut self) -> Result<Self::Frame, emx::io::IoError> {
+        if self.dry.get() {
+            return Err(emx::io::IoError::NoBuffer("the pool is empty".into()));
+        }
+        self.inner.alloc()
+    }
+    fn put<'f>(
+        &mut self,
+        frame: &'f mut Self::Frame,
+        len: usize,
+    ) -> Result<&'f mut [u8], emx::io::IoError> {
+        self.inner.put(frame, len)
+    }
+    fn truncate(&mut self, frame: &mut Self::Frame, len: usize) {
+        self.inner.truncate(frame, len)
+    }
+    fn attach(
+        &mut self,
+        frame: &mut Self::Frame,
+        payload: emx::io::Payload<'_>,
+    ) -> Result<(), emx::io::IoError> {
+        if self.no_attach {
+            return Err(emx::io::IoError::NoBuffer("no mbuf for the payload".into()));
+        }
+        self.inner.attach(frame, payload)
+    }
+    fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame> {
+        self.inner.duplicate(frame)
+    }
+    fn mac(&self) -> emx::io::Mac {
+        self.inner.mac()
+    }
+    fn max_frame(&self) -> usize {
+        self.inner.max_frame()
+    }
+    fn copy_below(&self) -> usize {
+        if self.no_attach {
+            0
+        } else {
+            self.inner.copy_below()
+        }
+    }
+    fn stats(&self) -> emx::io::IoStats {
+        self.inner.stats()
+    }
+}
+
+/// Frames that wait for a buffer are counted (a dry pool stalled the link
+/// with every counter still), lost none, and leave once buffers are back.
+#[test]
+fn a_dry_pool_is_counted_and_outlived() {
+    let clock = Clock::new();
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let dry = std::rc::Rc::new(std::cell::Cell::new(false));
+    let io = Starved {
+        inner: ia,
+        no_attach: false,
+        dry: dry.clone(),
+    };
+    let mut a = driver(io, 1, (2, mb), &clock);
+    let mut b = driver(ib, 2, (1, ma), &clock);
+    for _ in 0..10 {
+        a.progress(clock.now(), |_| {});
+        b.progress(clock.now(), |_| {});
+    }
+    assert_eq!(a.io_stats().tx_no_buffer, 0);
+    dry.set(true);
+    let sent = message(3, 6000);
+    b.core()
+        .post_recv(
+            clock.now(),
+            Some(Addr::new(1, 0)),
+            5,
+            u64::MAX,
+            RecvBuf::Owned(vec![0; 6000]),
+            9,
+        )
+        .unwrap();
+    a.core()
+        .send(
+            clock.now(),
+            Addr::new(2, 0),
+            5,
+            SendBuf::Owned(sent.clone()),
+            1,
+        )
+        .unwrap();
+    for _ in 0..20 {
+        a.progress(clock.now(), |_| {});
+        b.progress(clock.now(), |_| {});
+    }
+    assert!(
+        a.io_stats().tx_no_buffer > 0,
+        "the rounds without a buffer were not counted"
+    );
+    dry.set(false);
+    let mut got = None;
+    for _ in 0..100 {
+        a.progress(clock.now(), |_| {});
+        b.progress(clock.now(), |c| {
+            if let Completion::Recv(r) = c {
+                r.result.expect("received whole");
+                got = Some(r.buf);
+            }
+        });
+        if got.is_some() {
+            break;
+        }
+    }
+    let buf = got.expect("the message arrived once buffers were back");
+    assert!(buf.as_ref() == sent.as_slice(), "the message differs");
+    assert_eq!(a.build_failures(), 0, "frames waited; none was lost");
 }
 
 #[test]

@@ -411,13 +411,14 @@ fn print_stats(s: &Stats) {
         let l = &e.link;
         println!("endpoint {}", e.endpoint);
         println!(
-            "  link: rx {} frames ({}, {} chained), tx {} frames ({}), tx full {}, payload copied {}, attached {}",
+            "  link: rx {} frames ({}, {} chained), tx {} frames ({}), tx full {}, no buffer {}, payload copied {}, attached {}",
             l.rx_frames,
             bytes(l.rx_bytes),
             l.rx_chained,
             l.tx_frames,
             bytes(l.tx_bytes),
             l.tx_full,
+            l.tx_no_buffer,
             bytes(l.payload_copied),
             bytes(l.payload_attached)
         );

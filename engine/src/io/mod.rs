@@ -280,6 +280,10 @@ pub struct IoStats {
     pub tx_bytes: u64,
     /// Transmit attempts that found the link full (frames left for a retry).
     pub tx_full: u64,
+    /// Transmit rounds that found no buffer to build a frame in (the frames
+    /// waited): the pool is too small for the traffic, or the application
+    /// holds many lent receives, whose frames stay out of the pool.
+    pub tx_no_buffer: u64,
     /// Payload bytes copied into frames.
     pub payload_copied: u64,
     /// Payload bytes attached from registered memory without a copy.

@@ -171,6 +171,8 @@ pub struct Driver<L: PacketIo> {
     spent: Vec<L::Frame>,
     /// Frames that could not be built (no buffer, payload refused).
     build_failures: u64,
+    /// Transmit rounds that found no buffer (`IoStats::tx_no_buffer`).
+    no_buffer: u64,
     /// Payload bytes the cores copied into frames (the link counts the rest).
     copied: u64,
     /// Bytes a frame is built in: headers plus one frame's payload, so that the
@@ -234,6 +236,7 @@ impl<L: PacketIo> Driver<L> {
             lent: Vec::with_capacity(BURST),
             spent: Vec::with_capacity(BURST),
             build_failures: 0,
+            no_buffer: 0,
             copied: 0,
         }
     }
@@ -267,11 +270,14 @@ impl<L: PacketIo> Driver<L> {
     pub fn io_stats(&self) -> IoStats {
         let mut s = self.io.stats();
         s.payload_copied += self.copied;
+        s.tx_no_buffer += self.no_buffer;
         s
     }
 
-    /// Frames that could not be built for want of a buffer. The core
-    /// retransmits what was lost this way.
+    /// Frames taken from the core and dropped unsent: no room for a header,
+    /// or no segment to attach the payload with. The core retransmits what
+    /// was lost this way. (Frames that wait for want of a buffer to start
+    /// them are not lost: [`IoStats::tx_no_buffer`] counts those rounds.)
     pub fn build_failures(&self) -> u64 {
         self.build_failures
     }
@@ -413,7 +419,10 @@ impl<L: PacketIo> Driver<L> {
                     Some(f) => f,
                     None => match self.ready_frame() {
                         Ok(f) => f,
-                        Err(NotReady::NoBuffer) => break 'cores,
+                        Err(NotReady::NoBuffer) => {
+                            self.no_buffer += 1;
+                            break 'cores;
+                        }
                         Err(NotReady::NoRoom) => {
                             self.build_failures += 1;
                             break 'cores;

@@ -257,6 +257,7 @@ impl Daemon {
                     tx_frames: io.tx_frames,
                     tx_bytes: io.tx_bytes,
                     tx_full: io.tx_full,
+                    tx_no_buffer: io.tx_no_buffer,
                     payload_copied: io.payload_copied,
                     payload_attached: io.payload_attached,
                 },
