@@ -106,12 +106,12 @@ impl ClusterConfig {
             }
             // No MTU is negotiated: each node sizes its frames by its own, and
             // a peer's port drops what is longer than its MTU. A node that
-            // sets none has its driver's (1500 on most).
+            // sets none has DPDK's default, 1500.
             let m0 = self.nodes()[0].mtu;
-            if n.mtu != m0 {
+            if n.mtu.unwrap_or(1500) != m0.unwrap_or(1500) {
                 let e = &self.nodes()[0];
                 let mtu = |m: Option<u16>| {
-                    m.map_or("no mtu (its driver's, 1500 on most)".to_owned(), |m| {
+                    m.map_or("no mtu (the default, 1500)".to_owned(), |m| {
                         format!("mtu {m}")
                     })
                 };
