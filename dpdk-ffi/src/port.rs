@@ -688,6 +688,19 @@ impl TxQueue {
         }
     }
 
+    /// Frees the transmitted mbufs the driver still holds. NIC drivers free
+    /// a transmitted mbuf lazily, when a later burst needs its ring slot, so
+    /// memory attached to it (a registered buffer) stays referenced, and
+    /// unwritable, until enough more frames are sent. Returns how many were
+    /// freed, or `None` where the driver has no such call (memif, af_packet,
+    /// tap and other virtual ports free at transmit, and need none).
+    pub fn reclaim(&mut self) -> Option<u32> {
+        // SAFETY: this queue is owned by self alone (TxQueue is not Sync),
+        // and the call touches only its transmit ring; 0: free all it can.
+        let n = unsafe { sys::rte_eth_tx_done_cleanup(self.port_id, self.queue, 0) };
+        u32::try_from(n).ok()
+    }
+
     /// The port this queue belongs to.
     pub fn port_id(&self) -> u16 {
         self.port.id

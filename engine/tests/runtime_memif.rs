@@ -260,3 +260,138 @@ fn exchange(mtu: Option<u16>, room_a: u16, room_b: u16, largest: usize) {
         "every send buffer went back to the region"
     );
 }
+
+/// A link that keeps a hold on the registered memory of the frames it sent
+/// until asked to let go ([`PacketIo::reclaim`]), as a NIC keeps transmitted
+/// mbufs until later bursts need their ring slots.
+struct LazyFree {
+    inner: DpdkIo,
+    held: Vec<dpdk_ffi::ExtBuf>,
+}
+
+impl PacketIo for LazyFree {
+    type Frame = dpdk_ffi::Mbuf;
+    fn recv(&mut self, out: &mut Vec<Self::Frame>, max: usize) -> usize {
+        self.inner.recv(out, max)
+    }
+    fn send(&mut self, frames: &mut Vec<Self::Frame>) -> usize {
+        self.inner.send(frames)
+    }
+    fn alloc(&mut self) -> Result<Self::Frame, emx::io::IoError> {
+        self.inner.alloc()
+    }
+    fn put<'f>(
+        &mut self,
+        frame: &'f mut Self::Frame,
+        len: usize,
+    ) -> Result<&'f mut [u8], emx::io::IoError> {
+        self.inner.put(frame, len)
+    }
+    fn truncate(&mut self, frame: &mut Self::Frame, len: usize) {
+        self.inner.truncate(frame, len)
+    }
+    fn attach(
+        &mut self,
+        frame: &mut Self::Frame,
+        payload: emx::io::Payload<'_>,
+    ) -> Result<(), emx::io::IoError> {
+        if let emx::io::Payload::Registered { buf, .. } = &payload {
+            self.held.push(buf.share()?);
+        }
+        self.inner.attach(frame, payload)
+    }
+    fn reclaim(&mut self) {
+        self.held.clear();
+        self.inner.reclaim();
+    }
+    fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame> {
+        self.inner.duplicate(frame)
+    }
+    fn mac(&self) -> emx::io::Mac {
+        self.inner.mac()
+    }
+    fn max_frame(&self) -> usize {
+        self.inner.max_frame()
+    }
+    fn copy_below(&self) -> usize {
+        self.inner.copy_below()
+    }
+    fn stats(&self) -> emx::io::IoStats {
+        self.inner.stats()
+    }
+}
+
+/// A registered send's buffer comes back writable, also from a link that
+/// frees sent frames lazily (a NIC): before it is handed back, the driver
+/// has the link let go of them. It used to come back unwritable until
+/// later traffic made the NIC free its ring, and an application that sent
+/// nothing more could wait for ever.
+#[test]
+fn a_registered_send_comes_back_writable_from_a_lazy_link() {
+    let eal = Eal::builder().memory_mb(256).init().unwrap();
+    let pool_a = Mempool::new(&eal, "rt-lazy-a", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
+    let pool_b = Mempool::new(&eal, "rt-lazy-b", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
+    let (pa, pb, _sock) = memif_ports(&eal, &PortConfig::default(), &pool_a, &pool_b, "lazy");
+    pa.wait_link(Duration::from_secs(10)).unwrap();
+    pb.wait_link(Duration::from_secs(10)).unwrap();
+    let clock = Clock::new();
+    let core = |io_mac, node, peer: &Port, peer_node| {
+        let mut core = Core::new(
+            CoreConfig::default(),
+            Addr::new(node, 0),
+            MacAddr(io_mac),
+            1,
+            clock.now(),
+        )
+        .unwrap();
+        core.add_peer(Addr::new(peer_node, 0), MacAddr(peer.mac()))
+            .unwrap();
+        core
+    };
+    let io_a = LazyFree {
+        inner: DpdkIo::new(&pa, 0, &pool_a).unwrap(),
+        held: Vec::new(),
+    };
+    let io_b = DpdkIo::new(&pb, 0, &pool_b).unwrap();
+    let mut a = Driver::new(core(io_a.mac(), 1, &pb, 2), io_a);
+    let mut b = Driver::new(core(io_b.mac(), 2, &pa, 1), io_b);
+    let region = ExtMem::new(&eal, 1 << 20).unwrap();
+    let len = 16_000;
+    let mut x = region.alloc(len, 64).unwrap();
+    x.as_mut_slice().unwrap().fill(7);
+    b.core()
+        .post_recv(
+            clock.now(),
+            Some(Addr::new(1, 0)),
+            1,
+            u64::MAX,
+            RecvBuf::Owned(vec![0; len]),
+            0,
+        )
+        .unwrap();
+    a.core()
+        .send(clock.now(), Addr::new(2, 0), 1, SendBuf::Registered(x), 0)
+        .unwrap();
+    let mut back = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while back.is_none() {
+        assert!(Instant::now() < deadline, "the send did not complete");
+        a.progress(clock.now(), |c| {
+            if let Completion::Send(s) = c {
+                s.result.unwrap();
+                back = Some(s.buf);
+            }
+        });
+        b.progress(clock.now(), |_| {});
+    }
+    assert!(
+        a.io_stats().payload_attached > 0,
+        "frames refer to the buffer: {:?}",
+        a.io_stats()
+    );
+    let Some(SendBuf::Registered(mut x)) = back else {
+        panic!("the registered buffer comes back");
+    };
+    assert_eq!(x.in_flight(), 0, "frames still hold the buffer");
+    assert!(x.as_mut_slice().is_some(), "the buffer is writable again");
+}

@@ -155,6 +155,11 @@ impl PacketIo for DpdkIo {
         Mbuf::free_all(frames);
     }
 
+    fn reclaim(&mut self) {
+        // (`None`: a driver that frees at transmit, with nothing held.)
+        let _ = self.tx.reclaim();
+    }
+
     fn put<'f>(&mut self, frame: &'f mut Mbuf, len: usize) -> Result<&'f mut [u8], IoError> {
         check_room(frame.pkt_len(), len, self.max_frame)?;
         Ok(frame.append(len)?)

@@ -46,6 +46,9 @@ macro_rules! delegate_packet_io {
         fn release(&mut self, frames: &mut Vec<Self::Frame>) {
             self.inner.release(frames)
         }
+        fn reclaim(&mut self) {
+            self.inner.reclaim()
+        }
         fn mac(&self) -> $crate::io::Mac {
             self.inner.mac()
         }
@@ -311,6 +314,13 @@ pub trait PacketIo {
     fn release(&mut self, frames: &mut Vec<Self::Frame>) {
         frames.clear();
     }
+
+    /// Lets go of frames the link transmitted but still holds (a NIC frees
+    /// them lazily, when it needs their ring slots), with what they refer
+    /// to: registered memory attached to them is writable again once every
+    /// frame lets go of it. The driver calls it before it hands back a
+    /// registered send's buffer that frames still refer to.
+    fn reclaim(&mut self) {}
 
     /// Appends `len` writable bytes to the frame (where a header is written in
     /// place) and returns them.

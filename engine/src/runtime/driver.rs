@@ -392,11 +392,19 @@ impl<L: PacketIo> Driver<L> {
             self.spare = self.ready_frame().ok();
         }
 
+        let mut reclaimed = false;
         for (i, core) in self.cores.iter_mut().enumerate() {
             while let Some(mut c) = core.poll_completion() {
                 p.completed += 1;
                 if !self.lent.is_empty() {
                     give_lent(&mut self.lent, i, &mut c);
+                }
+                if !reclaimed && held_by_frames(&c) {
+                    // A NIC still holding the sent frames would keep the
+                    // buffer unwritable until later bursts needed their
+                    // ring slots: none may come.
+                    self.io.reclaim();
+                    reclaimed = true;
                 }
                 on_completion(i, c);
             }
@@ -522,5 +530,18 @@ fn route(route: &[u8; 256], frame: &[u8], ethertype: u16) -> usize {
     match crate::wire::peek_dst(frame, ethertype) {
         Some((_, ep)) if route[usize::from(ep)] != NO_CORE => usize::from(route[usize::from(ep)]),
         _ => 0,
+    }
+}
+
+/// Whether a completion hands back a registered buffer that something else
+/// still refers to (frames the link holds, or other handles).
+#[inline]
+fn held_by_frames(c: &Completion<SendBuf, RecvBuf>) -> bool {
+    match c {
+        Completion::Send(s) => match &s.buf {
+            SendBuf::Registered(b) => b.in_flight() != 0,
+            SendBuf::Owned(_) => false,
+        },
+        Completion::Recv(_) => false,
     }
 }

@@ -1427,7 +1427,11 @@ impl Endpoint {
     /// ([`SendBuf::Registered`]) go out without a copy (but for frames shorter
     /// than [`COPY_BELOW`](crate::io::COPY_BELOW), where a copy is cheaper);
     /// ordinary ones are copied into frames. The buffer comes back at completion, which happens
-    /// once the receiver acknowledged every byte.
+    /// once the receiver acknowledged every byte. A registered one comes back writable
+    /// ([`ExtBuf::as_mut_slice`](dpdk_ffi::ExtBuf::as_mut_slice)) unless other handles share
+    /// it, or a copy of one of its frames sent again still waits on a full link: the link is
+    /// made to let go of the frames it sent first ([`PacketIo::reclaim`]; a NIC frees them
+    /// lazily).
     ///
     /// Inline, a message with nothing in flight to its peer and nothing
     /// queued ahead of it leaves in this call; one that finds others in
