@@ -400,6 +400,71 @@ impl PacketIo for Gated {
     emx::delegate_packet_io!();
 }
 
+/// A link that takes no frames while jammed (a full NIC ring).
+struct Jammed {
+    inner: MemIo,
+    jam: Arc<AtomicBool>,
+}
+
+impl PacketIo for Jammed {
+    type Frame = <MemIo as PacketIo>::Frame;
+    fn recv(&mut self, out: &mut Vec<Self::Frame>, max: usize) -> usize {
+        self.inner.recv(out, max)
+    }
+    fn send(&mut self, f: &mut Vec<Self::Frame>) -> usize {
+        if self.jam.load(Ordering::SeqCst) {
+            return 0;
+        }
+        self.inner.send(f)
+    }
+    emx::delegate_packet_io!();
+}
+
+/// An engine stopping with frames queued for a full link sends them before
+/// it stops (within its deadline): the acknowledgement among them is what
+/// completes its peer's send. They used to be dropped with the engine, and
+/// the peer's send failed though its message had arrived.
+#[test]
+fn shutdown_sends_what_waits_for_a_full_link() {
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let jam = Arc::new(AtomicBool::new(false));
+    let link = Jammed {
+        inner: ia,
+        jam: jam.clone(),
+    };
+    let mut ea = Engine::start(&cfg(1, (2, mb), thread_mode()), link).unwrap();
+    let mut eb = Engine::start(&cfg(2, (1, ma), ProgressMode::Inline), ib).unwrap();
+    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    // The sessions start.
+    let r = a.irecv(None, 1, u64::MAX, vec![0u8; 8]).unwrap();
+    let s = b.isend(Addr::new(1, 0), 1, vec![1u8; 8]).unwrap();
+    b.wait(s).unwrap().into_send().unwrap();
+    a.wait(r).unwrap().into_recv().unwrap();
+    // Jammed: a's acknowledgement of the next message waits on the link.
+    jam.store(true, Ordering::SeqCst);
+    let r = a.irecv(None, 2, u64::MAX, vec![0u8; 8]).unwrap();
+    let s = b.isend(Addr::new(1, 0), 2, vec![2u8; 8]).unwrap();
+    let got = loop {
+        if let Some(c) = a.test(r).unwrap() {
+            break c;
+        }
+        b.progress();
+    };
+    got.into_recv().unwrap();
+    a.close(Duration::ZERO);
+    let stop = std::thread::spawn(move || ea.shutdown(Duration::from_secs(5)));
+    std::thread::sleep(Duration::from_millis(50));
+    jam.store(false, Ordering::SeqCst);
+    let done = b
+        .wait_timeout(s, Duration::from_secs(3))
+        .unwrap()
+        .expect("b's send ends");
+    done.into_send()
+        .expect("acknowledged: its message arrived before a stopped");
+    stop.join().unwrap().unwrap();
+}
+
 /// A link that panics in `recv` once told to: its polling thread dies.
 struct Doomed {
     inner: MemIo,

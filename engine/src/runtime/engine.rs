@@ -306,6 +306,8 @@ trait Drive: Send {
     fn core(&mut self, i: usize) -> &mut Core<SendBuf, RecvBuf>;
     fn flush(&mut self, now: crate::proto::Time);
     fn io_stats(&self) -> IoStats;
+    /// Frames built and waiting for room on a full link.
+    fn tx_backlog(&self) -> usize;
     fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, crate::io::IoError>;
 }
 
@@ -332,6 +334,9 @@ where
     }
     fn io_stats(&self) -> IoStats {
         Driver::io_stats(self)
+    }
+    fn tx_backlog(&self) -> usize {
+        Driver::tx_backlog(self)
     }
     fn enter_thread(&self) -> Result<Option<dpdk_ffi::ThreadRegistration>, crate::io::IoError> {
         self.io().enter_thread()
@@ -1169,8 +1174,11 @@ fn poll_thread(
                 // last acknowledgements, the NOTIFYs of its aborted receives,
                 // and an answer to a peer whose acknowledgement was lost), or
                 // after CLOSE_MAX whatever it owes (a peer that went away).
+                // (What owes nothing may still wait on a full link: the
+                // frames it built, acknowledgements among them.)
+                let sent = driver.tx_backlog() == 0;
                 let core = driver.core(ep);
-                if settling.settled(core.owes_nothing()) || since.elapsed() >= CLOSE_MAX {
+                if settling.settled(sent && core.owes_nothing()) || since.elapsed() >= CLOSE_MAX {
                     core.close(now);
                     *state = None;
                     n_closing -= 1;
@@ -1230,8 +1238,9 @@ fn poll_thread(
                     cores_closing = Some(Instant::now());
                 }
             }
-            let owe_nothing =
-                cores_closing.is_some() && (0..n_eps).all(|ep| driver.core(ep).owes_nothing());
+            let owe_nothing = cores_closing.is_some()
+                && driver.tx_backlog() == 0
+                && (0..n_eps).all(|ep| driver.core(ep).owes_nothing());
             let quiet = stop_settling.settled(owe_nothing)
                 || cores_closing.is_some_and(|t| t.elapsed() >= CLOSE_MAX);
             if quiet || Instant::now() >= until {
@@ -2145,7 +2154,7 @@ impl Endpoint {
             while Instant::now() < stop {
                 self.progress();
                 let owe_nothing = match &mut self.mode {
-                    Mode::Inline(d) => d.core(0).owes_nothing(),
+                    Mode::Inline(d) => d.tx_backlog() == 0 && d.core(0).owes_nothing(),
                     Mode::Thread(_) => true,
                 };
                 if settling.settled(owe_nothing) {
