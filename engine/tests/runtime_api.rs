@@ -400,6 +400,85 @@ impl PacketIo for Gated {
     emx::delegate_packet_io!();
 }
 
+/// With a polling thread, a send or receive past the core's `max_sends` or
+/// `max_recvs` is refused in the call, as inline. It used to be taken, and
+/// refused later by the polling thread (a completion with the error) while
+/// later requests, finding room by then, went in: a message overtook the one
+/// sent before it, and a receive took the message meant for the one posted
+/// before it.
+#[test]
+fn requests_past_the_cores_tables_are_refused_in_the_call() {
+    for mode in [thread_mode(), ProgressMode::Inline] {
+        let (ia, ib) = MemNetwork::pair(1500);
+        let (ma, mb) = (ia.mac(), ib.mac());
+        let mut c = cfg(1, (2, mb), mode.clone());
+        c.protocol.max_sends = Some(8);
+        c.protocol.max_recvs = Some(8);
+        let mut ea = Engine::start(&c, ia).unwrap();
+        let mut eb = Engine::start(&cfg(2, (1, ma), ProgressMode::Inline), ib).unwrap();
+        let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+        // b is not driven: nothing a sends is acknowledged, and stays
+        // outstanding.
+        let sends: Vec<_> = (0..8u8)
+            .map(|i| a.isend(Addr::new(2, 0), 1, vec![i; 8]).unwrap())
+            .collect();
+        a.progress();
+        let refused = a.isend(Addr::new(2, 0), 1, vec![8u8; 8]).unwrap_err();
+        assert!(
+            matches!(
+                refused.error,
+                Error::Send(emx::proto::SendError::TooManySends)
+            ),
+            "{mode:?}: {:?}",
+            refused.error
+        );
+        assert_eq!(refused.buf.as_ref(), &[8u8; 8][..], "the buffer comes back");
+        let recvs: Vec<_> = (0..8u64)
+            .map(|i| a.irecv(None, 100 + i, u64::MAX, vec![0u8; 8]).unwrap())
+            .collect();
+        let refused = a.irecv(None, 108, u64::MAX, vec![0u8; 8]).unwrap_err();
+        assert!(
+            matches!(
+                refused.error,
+                Error::Recv(emx::proto::RecvError::TooManyRecvs)
+            ),
+            "{mode:?}: {:?}",
+            refused.error
+        );
+        // The eight arrive in order, and the receives take eight messages.
+        for i in 0..8u8 {
+            let r = b.irecv(None, 1, u64::MAX, vec![0u8; 8]).unwrap();
+            let got = loop {
+                if let Some(c) = b.test(r).unwrap() {
+                    break c;
+                }
+                a.progress();
+            };
+            assert_eq!(got.into_recv().unwrap().0.as_ref(), &[i; 8][..], "{mode:?}");
+        }
+        for (i, r) in recvs.into_iter().enumerate() {
+            b.isend(Addr::new(1, 0), 100 + i as u64, vec![i as u8; 8])
+                .unwrap();
+            let got = loop {
+                if let Some(c) = a.test(r).unwrap() {
+                    break c;
+                }
+                b.progress();
+            };
+            assert_eq!(got.into_recv().unwrap().0.as_ref(), &[i as u8; 8][..]);
+        }
+        for s in sends {
+            let done = loop {
+                if let Some(c) = a.test(s).unwrap() {
+                    break c;
+                }
+                b.progress();
+            };
+            done.into_send().unwrap();
+        }
+    }
+}
+
 /// A link that takes no frames while jammed (a full NIC ring).
 struct Jammed {
     inner: MemIo,

@@ -60,7 +60,7 @@ use crate::proto::{
 
 use super::buffer::{RecvBuf, SendBuf};
 use super::driver::{Clock, Driver, LazyNow, Progress, BURST};
-use super::request::{request_of, Buf, Completed, CoreCompletion, Request, Requests};
+use super::request::{request_of, Buf, Completed, CoreCompletion, Kind, Request, Requests};
 use super::Error;
 
 /// How progress is made.
@@ -713,7 +713,9 @@ pub struct Engine {
     /// Local endpoints, in the order of the driver's cores.
     locals: Vec<Addr>,
     taken: Vec<bool>,
-    max_requests: usize,
+    /// The core's `max_sends` and `max_recvs`, which each endpoint's request
+    /// table enforces.
+    limits: (usize, usize),
     clock: Clock,
     epoch: u32,
 }
@@ -788,7 +790,7 @@ impl Engine {
             events: Vec::new(),
             taken: vec![false; locals.len()],
             locals,
-            max_requests,
+            limits: (core_cfg.max_sends, core_cfg.max_recvs),
             clock,
             epoch,
         };
@@ -878,7 +880,7 @@ impl Engine {
             ep,
             closed: false,
             mode,
-            requests: Requests::new(self.max_requests),
+            requests: Requests::new(self.limits.0, self.limits.1),
             reply: None,
             clock: self.clock,
             local: self.locals[ep],
@@ -1456,6 +1458,7 @@ impl Endpoint {
         buf: impl Into<SendBuf>,
     ) -> Result<Request, Refused<SendBuf>> {
         self.submit(
+            Kind::Send,
             buf.into(),
             |core, now, buf, ctx| {
                 core.send(now, dst, match_bits, buf, ctx)
@@ -1493,6 +1496,7 @@ impl Endpoint {
             });
         }
         self.submit(
+            Kind::Recv,
             buf,
             |core, now, buf, ctx| {
                 core.post_recv(now, src, match_bits, mask, buf, ctx)
@@ -1542,6 +1546,7 @@ impl Endpoint {
     /// slot is given back and the buffer returned.
     fn submit<B>(
         &mut self,
+        kind: Kind,
         buf: B,
         to_core: impl FnOnce(
             &mut Core<SendBuf, RecvBuf>,
@@ -1560,11 +1565,9 @@ impl Endpoint {
             };
             return Err(Refused { error, buf });
         }
-        let Some(req) = self.requests.alloc() else {
-            return Err(Refused {
-                error: Error::TooManyRequests,
-                buf,
-            });
+        let req = match self.requests.alloc(kind) {
+            Ok(req) => req,
+            Err(error) => return Err(Refused { error, buf }),
         };
         let taken = match &mut self.mode {
             Mode::Inline(d) => {

@@ -49,7 +49,11 @@ pub enum Error {
     UnknownRequest,
     /// As many requests are outstanding as the tables hold (max_sends +
     /// max_recvs); a finished request holds its slot until its completion is
-    /// taken.
+    /// taken. (Sends and receives not finished are bounded apart, by
+    /// `max_sends` and `max_recvs`: past them a call is refused with
+    /// [`SendError::TooManySends`] or
+    /// [`RecvError::TooManyRecvs`],
+    /// in either progress mode.)
     #[error(
         "too many outstanding requests: take completions (test, wait) to free their handles, \
          or raise max_sends/max_recvs"

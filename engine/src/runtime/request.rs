@@ -2,7 +2,7 @@
 //! index and generation) into a table sized once at start, so submitting and
 //! completing allocate nothing and a stale handle is detected, not misread.
 
-use crate::proto::{Completion, RecvInfo, RequestError, RequestId};
+use crate::proto::{Completion, RecvError, RecvInfo, RequestError, RequestId, SendError};
 
 use super::buffer::{RecvBuf, SendBuf};
 use super::Error;
@@ -124,9 +124,17 @@ fn request_error(e: RequestError) -> Error {
     }
 }
 
+/// What a request is: sends and receives are bounded apart, as in the core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Send = 0,
+    Recv = 1,
+}
+
 struct Slot {
     gen: u32,
     state: State,
+    kind: Kind,
     /// The core's id for it, once the core took it (for cancel).
     core: Option<RequestId>,
 }
@@ -136,13 +144,23 @@ pub(crate) struct Requests {
     free: Vec<u32>,
     /// This table's tag, in every handle it gives.
     tag: u32,
+    /// Pending sends and receives, by [`Kind`]: submitted and not finished.
+    pending: [usize; 2],
+    /// The most of each that may be pending: the core's `max_sends` and
+    /// `max_recvs`. Refused here, in the call: a polling thread that found
+    /// the core full refused a request after the call had taken it, while
+    /// later ones went in, so a later message overtook an earlier one.
+    limit: [usize; 2],
 }
 
 /// The next table's tag (see [`Requests::new`]).
 static NEXT_TABLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Requests {
-    pub(crate) fn new(n: usize) -> Requests {
+    /// A table for `max_sends` sends and `max_recvs` receives pending, and
+    /// as many finished and not yet taken.
+    pub(crate) fn new(max_sends: usize, max_recvs: usize) -> Requests {
+        let n = max_sends + max_recvs;
         assert!(n <= 1 << INDEX_BITS, "at most 2^25 requests");
         // Each table tags its handles (128 tags, taken in turn), so that a
         // handle from another endpoint, or another engine, is refused as
@@ -160,11 +178,14 @@ impl Requests {
                 .map(|_| Slot {
                     gen: base,
                     state: State::Free,
+                    kind: Kind::Send,
                     core: None,
                 })
                 .collect(),
             free: (0..n as u32).rev().collect(),
             tag,
+            pending: [0; 2],
+            limit: [max_sends, max_recvs],
         }
     }
 
@@ -175,8 +196,17 @@ impl Requests {
             .flatten()
     }
 
-    pub(crate) fn alloc(&mut self) -> Option<Request> {
-        let i = self.free.pop()?;
+    /// A slot for a new request of `kind`, or why there is none: as many of
+    /// its kind pending as the core takes, or the table full of completions
+    /// not yet taken.
+    pub(crate) fn alloc(&mut self, kind: Kind) -> Result<Request, Error> {
+        if self.pending[kind as usize] >= self.limit[kind as usize] {
+            return Err(match kind {
+                Kind::Send => Error::Send(SendError::TooManySends),
+                Kind::Recv => Error::Recv(RecvError::TooManyRecvs),
+            });
+        }
+        let i = self.free.pop().ok_or(Error::TooManyRequests)?;
         let s = &mut self.slots[i as usize];
         let old = std::mem::replace(&mut s.state, State::Pending);
         // A free slot holds nothing: forgetting it spares the call to the
@@ -184,15 +214,21 @@ impl Requests {
         debug_assert!(matches!(old, State::Free), "a free slot");
         std::mem::forget(old);
         s.core = None;
-        Some(Request::new(self.tag, i, s.gen))
+        s.kind = kind;
+        self.pending[kind as usize] += 1;
+        Ok(Request::new(self.tag, i, s.gen))
     }
 
     /// Gives an allocated, never-submitted slot back.
     pub(crate) fn release(&mut self, r: Request) {
-        if let Some(s) = self.slot_mut(r) {
-            s.state = State::Free;
-            s.gen = s.gen.wrapping_add(1).max(1);
-            self.free.push(r.index() as u32);
+        let Some(s) = self.slot_mut(r) else { return };
+        let was_pending = matches!(s.state, State::Pending);
+        let k = s.kind as usize;
+        s.state = State::Free;
+        s.gen = s.gen.wrapping_add(1).max(1);
+        self.free.push(r.index() as u32);
+        if was_pending {
+            self.pending[k] -= 1;
         }
     }
 
@@ -219,20 +255,27 @@ impl Requests {
 
     /// Records a completion for the request `r` (one the core did not take).
     pub(crate) fn complete(&mut self, r: Request, c: Completed) {
-        if let Some(s) = self.slot_mut(r) {
-            s.state = State::Done(c);
+        let Some(s) = self.slot_mut(r) else { return };
+        let was_pending = matches!(s.state, State::Pending);
+        let k = s.kind as usize;
+        s.state = State::Done(c);
+        if was_pending {
+            self.pending[k] -= 1;
         }
     }
 
     /// Records a completion from the core, for the request its ctx names.
     #[inline]
     pub(crate) fn finish(&mut self, c: CoreCompletion) {
-        if let Some(s) = self.slot_mut(request_of(&c)) {
-            // Only a pending request takes it; matching `Pending` first also
-            // spares the assignment a drop of the old state.
-            if matches!(s.state, State::Pending) {
-                s.state = State::Finished(c);
-            }
+        let Some(s) = self.slot_mut(request_of(&c)) else {
+            return;
+        };
+        // Only a pending request takes it; matching `Pending` first also
+        // spares the assignment a drop of the old state.
+        if matches!(s.state, State::Pending) {
+            let k = s.kind as usize;
+            s.state = State::Finished(c);
+            self.pending[k] -= 1;
         }
     }
 
@@ -293,14 +336,14 @@ mod tests {
     /// to carry a table's generations into the next table's.
     #[test]
     fn another_tables_handle_stays_unknown() {
-        let mut a = Requests::new(4);
-        let mut b = Requests::new(4);
-        let kept = b.alloc().unwrap();
+        let mut a = Requests::new(2, 2);
+        let mut b = Requests::new(2, 2);
+        let kept = b.alloc(Kind::Send).unwrap();
         for _ in 0..(1u32 << 24) {
-            let r = a.alloc().unwrap();
+            let r = a.alloc(Kind::Send).unwrap();
             a.release(r);
         }
-        let r = a.alloc().unwrap();
+        let r = a.alloc(Kind::Recv).unwrap();
         assert!(matches!(b.is_done(r), Err(Error::UnknownRequest)));
         assert!(matches!(a.is_done(kept), Err(Error::UnknownRequest)));
         assert!(matches!(b.is_done(kept), Ok(false)));
