@@ -461,6 +461,59 @@ fn a_message_kept_from_a_dead_peer_does_not_revive_it() {
     transfer(&mut sim, 0, 1, 5000, 8);
 }
 
+/// What `probe` shows from a peer declared unreachable, a receive naming
+/// that peer takes: the message kept whole from it. Such a receive used to
+/// be refused with `PeerUnreachable`, so the message could be reached only
+/// from any source. A receive naming it that would take nothing is still
+/// refused (it could never finish), and taking the message sends the peer
+/// nothing.
+#[test]
+fn a_receive_naming_a_dead_peer_takes_what_it_sent_before() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 1000, 1);
+    let now = sim.now();
+    sim.core(1)
+        .send(now, addr(0), 3, b"kept".to_vec(), 3)
+        .unwrap();
+    sim.run_until(now + Duration::from_millis(1), |_| false);
+    assert!(drain(&mut sim).iter().any(|(k, _)| *k == 1), "acknowledged");
+    node_0_gives_node_1_up(&mut sim);
+    let sent_before = sim.core_ref(0).peer_stats(PeerId(0)).unwrap().frames_sent;
+    let now = sim.now();
+    let probed = sim
+        .core(0)
+        .probe(Some(addr(1)), 3, !0)
+        .expect("probe shows it");
+    assert_eq!(probed.len, 4);
+    let refused = sim
+        .core(0)
+        .post_recv(now, Some(addr(1)), 4, !0, vec![0; 8], 40)
+        .unwrap_err();
+    assert_eq!(refused.error, RecvError::PeerUnreachable);
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 3, !0, vec![0; 8], 30)
+        .expect("the receive takes what probe showed");
+    match &drain(&mut sim)[..] {
+        [(0, Completion::Recv(r))] => {
+            let info = r.result.unwrap();
+            assert_eq!(
+                (r.ctx, info.src, &r.buf[..info.copied as usize]),
+                (30, addr(1), &b"kept"[..])
+            );
+        }
+        other => panic!("unexpected completions {other:?}"),
+    }
+    assert!(sim.core(0).probe(Some(addr(1)), 3, !0).is_none());
+    sim.run_until(now + Duration::from_millis(100), |_| false);
+    assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+    assert_eq!(
+        sim.core_ref(0).peer_stats(PeerId(0)).unwrap().frames_sent,
+        sent_before,
+        "a frame went to the dead peer"
+    );
+}
+
 /// A frame of a peer's earlier incarnation that comes after the peer
 /// restarted, and after a silence past the liveness deadline (a switch
 /// buffer, a replay), is refused: it knows this node's epoch, so it is no

@@ -876,7 +876,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let src_peer = match src {
             None => NO_PEER,
             Some(a) => match self.lookup_peer(a.key()) {
-                Some(p) if self.peers[p as usize].dead => {
+                // A peer declared unreachable sends nothing more, but what it
+                // sent whole before is still here to take (as `probe` shows).
+                Some(p)
+                    if self.peers[p as usize].dead
+                        && self.first_unexpected(p, match_bits, mask).is_none() =>
+                {
                     return Err(Rejected {
                         error: RecvError::PeerUnreachable,
                         buf,
@@ -916,22 +921,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         slot.msg = NIL;
         slot.inv_peer = NO_PEER;
         let gen = slot.gen;
-        if src_peer != NO_PEER {
+        // (Not a dead one, whose kept message it takes below: engaging it
+        // would greet it, a session only `reconnect` may start.)
+        if src_peer != NO_PEER && !self.peers[src_peer as usize].dead {
             self.recvs[r as usize].inv_peer = src_peer;
             self.engage(src_peer, &mut now);
         }
-        // The oldest matching unexpected message, if any.
-        let mut m = self.unexpected.head;
-        while m != NIL {
-            let msg = &self.msgs[m as usize];
-            if (src_peer == NO_PEER || msg.peer == src_peer)
-                && matches(msg.match_bits, match_bits, mask)
-            {
-                break;
-            }
-            m = self.msg_links.next(m);
-        }
-        if m != NIL {
+        if let Some(m) = self.first_unexpected(src_peer, match_bits, mask) {
             self.msg_links.remove(&mut self.unexpected, m);
             self.bind(now.now(), m, r);
         } else {
@@ -948,17 +944,25 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             None => NO_PEER,
             Some(a) => *self.peer_map.get(&a.key())?,
         };
+        let msg = &self.msgs[self.first_unexpected(src_peer, match_bits, mask)? as usize];
+        Some(ProbeInfo {
+            src: self.peers[msg.peer as usize].addr,
+            match_bits: msg.match_bits,
+            len: msg.len,
+        })
+    }
+
+    /// The oldest unexpected message from `src_peer` (any with `NO_PEER`)
+    /// whose match bits match.
+    #[inline]
+    fn first_unexpected(&self, src_peer: u16, match_bits: u64, mask: u64) -> Option<u32> {
         let mut m = self.unexpected.head;
         while m != NIL {
             let msg = &self.msgs[m as usize];
             if (src_peer == NO_PEER || msg.peer == src_peer)
                 && matches(msg.match_bits, match_bits, mask)
             {
-                return Some(ProbeInfo {
-                    src: self.peers[msg.peer as usize].addr,
-                    match_bits: msg.match_bits,
-                    len: msg.len,
-                });
+                return Some(m);
             }
             m = self.msg_links.next(m);
         }
