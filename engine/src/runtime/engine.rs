@@ -693,6 +693,11 @@ pub struct ShutdownReport {
     /// Requests still outstanding at the deadline, aborted: they completed
     /// with [`Error::ShutDown`], their buffers handed back.
     pub aborted: usize,
+    /// Requests whose completion never came back: a polling thread that did
+    /// not answer the close within a second, or had died. Their buffers are
+    /// gone (registered ranges go back to their region only once the thread
+    /// lets go of them).
+    pub lost: usize,
     /// Every request the endpoint held (outstanding, or finished and not
     /// yet taken), with its completion (and buffer).
     pub completed: Vec<(Request, Completed)>,
@@ -2080,7 +2085,8 @@ impl Endpoint {
     /// receives whose messages are arriving) get until `deadline` to finish;
     /// the rest (receives still waiting for a message among them) are aborted
     /// (they complete with [`Error::ShutDown`]). Every completion, with its buffer,
-    /// is in the report. Then the endpoint is gone to its peers, as if its
+    /// is in the report, but for requests of a polling thread that does not
+    /// answer within a second, or died ([`ShutdownReport::lost`]). Then the endpoint is gone to its peers, as if its
     /// process had ended: its core takes no new message
     /// ([`Core::begin_close`]) and goes on only until it has owed its peers
     /// nothing for a moment (acknowledgements, the NOTIFYs of aborted
@@ -2176,7 +2182,7 @@ impl Endpoint {
                     }
                     report.completed.push((r, c));
                 }
-                _ => report.aborted += 1,
+                _ => report.lost += 1,
             }
         }
         report

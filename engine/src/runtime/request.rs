@@ -8,7 +8,10 @@ use super::buffer::{RecvBuf, SendBuf};
 use super::Error;
 
 /// Handle of a send or receive: a plain id, valid until its completion is
-/// taken with `test`, `wait` or `wait_any`.
+/// taken with `test`, `wait` or `wait_any`. A spent handle is refused as
+/// unknown, unless it is kept while its slot is used 2^32 - 1 more times
+/// (about an hour of a ping-pong, which reuses one slot): its generation then
+/// comes round again and it names the slot's request of the day.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Request(pub(crate) u64);
 

@@ -879,7 +879,8 @@ impl Station {
         let mut sum = CloseSummary {
             cancelled,
             drained: report.drained,
-            aborted: report.aborted,
+            // (lost: aborted with no completion, the polling thread gone)
+            aborted: report.aborted + report.lost,
             ..CloseSummary::default()
         };
         for (r, c) in &report.completed {
