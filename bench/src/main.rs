@@ -3,7 +3,8 @@
 //!
 //! Every run measures emx beside baselines on the same link, in alternating
 //! rounds: `raw` DPDK frames (no protocol: the floor) and, on the veth link,
-//! kernel `udp` and `tcp` sockets between the same namespaces. Tests:
+//! kernel `udp` and `tcp` sockets on a veth pair of their own between the
+//! namespaces, with no DPDK port on it. Tests:
 //! `latency` (ping-pong over a sweep of sizes, NetPIPE-style), `bandwidth`
 //! (one-way streaming with a window), `bibw` (both ways at once) and
 //! `msgrate` (small messages with a window); `sweep` runs them all.

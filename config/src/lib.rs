@@ -9,8 +9,9 @@
 //!
 //! Five tables. `[cluster]` says what every frame of the cluster carries.
 //! `[protocol]` holds the protocol thresholds, the engine's
-//! [`ProtocolConfig`](emx::runtime::ProtocolConfig) field for field: every
-//! key optional, times in microseconds; all nodes of a cluster must agree on
+//! [`ProtocolConfig`](emx::runtime::ProtocolConfig) field for field (but
+//! for `ethertype` and `cluster`, which belong in `[cluster]`): every key
+//! optional, times in microseconds; all nodes of a cluster must agree on
 //! them, which one shared file ensures. `[memory]` and `[logging]` are
 //! optional too. Then one `[[node]]` table per node, in rank order: a
 //! launcher's rank r runs the r-th, and errors count them from 0 (`node[0]`,
@@ -56,7 +57,7 @@
 //!
 //! [[node]]
 //! id = 1                          # node number, unique (required)
-//! name = "alpha"                  # unique, not a number, no whitespace (required)
+//! name = "alpha"                  # unique, 1-64 of A-Z a-z 0-9 . _ -, not starting with '.', not a number (required)
 //! mac = "02:00:00:00:00:01"       # its port's MAC, or "auto" (required)
 //! port = "net_memif0,role=server,socket=/tmp/emx-memif.sock"  # PCI address or vdev devargs (required)
 //! mtu = 1500                      # link MTU [the driver's]; memif takes up to 9000

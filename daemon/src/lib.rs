@@ -19,7 +19,8 @@
 //!   is the operation (ECHO, SINK, PING; see [`ops`] for the convention).
 //!   [`ops::ECHO_SLOTS`] any-source ECHO receives stay posted, each with a
 //!   buffer of [`ops::max_message`] bytes (16 MiB, or less when the cluster
-//!   file's `[memory] region_mb` is small) in the node's registered region;
+//!   file's `[memory] region_mb` is small for the node's endpoints: a
+//!   quarter of each endpoint's share) in the node's registered region;
 //!   an echo goes back from the buffer it arrived in, with no copy (the
 //!   prefix the message filled is lent out again as the send's buffer), and
 //!   the receive is posted again when the send is done. Longer messages are
@@ -73,9 +74,11 @@
 //!
 //! Exit codes: 0 after a clean stop, 2 for a bad configuration (an
 //! unreadable or invalid cluster file, an unknown node, cores this machine
-//! does not have; the message names the file, line and field), 1 for any
-//! other failure to start (the port cannot be opened, the control socket is
-//! taken).
+//! does not have, a `max_recvs` too small for the responder; the message
+//! names the file, line and field), 1 for any other failure to start (the
+//! port cannot be opened, the control socket is taken), for an engine that
+//! dies under it (its polling thread panicked), and for a second signal
+//! during the drain.
 //!
 //! # emxctl
 //!
