@@ -31,12 +31,20 @@ as_root_quietly() {
 }
 
 missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+if command -v dpkg-query >/dev/null; then
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+else
+  # Not Debian or Ubuntu: what the build and the tests use, however it was
+  # installed (the DPDK check below says what it found).
+  for c in pkg-config clang cc ip; do
+    command -v "$c" >/dev/null || missing+=("$c")
+  done
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null; then
-    say "missing ${missing[*]}, and this is not a Debian/Ubuntu system: install DPDK >= 22.11 (pkg-config libdpdk), clang and libclang by hand"
+    say "missing ${missing[*]}, and this is not a Debian/Ubuntu system: install DPDK >= 22.11 (pkg-config libdpdk), clang, libclang and iproute2 by hand"
     exit 1
   fi
   say "installing ${missing[*]}"
