@@ -13,6 +13,11 @@
 # EMXD and EMXCTL may name prebuilt binaries; otherwise they are built.
 set -euo pipefail
 N=${1:-3}
+# Given paths are the caller's: made absolute before the cd below (a bare
+# name is a command on PATH).
+abs() { case $1 in */*) realpath -m -- "$1" ;; *) printf '%s' "$1" ;; esac; }
+EMXD=${EMXD:+$(abs "$EMXD")}
+EMXCTL=${EMXCTL:+$(abs "$EMXCTL")}
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "testbed-netns: needs root (network namespaces); run with sudo" >&2; exit 1; }
 command -v ip >/dev/null || { echo "testbed-netns: install iproute2" >&2; exit 1; }
@@ -29,8 +34,9 @@ if [ -z "${EMXD:-}" ] || [ -z "${EMXCTL:-}" ]; then
         command -v cargo >/dev/null || { echo "testbed-netns: cargo not found: install Rust, or give EMXD and EMXCTL" >&2; exit 1; }
         "${build[@]}"
     fi
-    EMXD=target/release/emxd
-    EMXCTL=target/release/emxctl
+    # (One given stays: only the missing one comes from the build.)
+    EMXD=${EMXD:-$PWD/target/release/emxd}
+    EMXCTL=${EMXCTL:-$PWD/target/release/emxctl}
 fi
 
 TAG="emxt$$"
