@@ -9,39 +9,18 @@
 //!
 //! `cargo run -p emx --example fuzz_seeds -- engine/fuzz/seeds/sequences`
 //!
-//! Keep [`target_core`] in step with `fuzz/fuzz_targets/core_frames.rs`.
+//! The target's core and its replay are `fuzz/core_setup.rs`, included here
+//! as there.
 
 use std::time::Duration;
 
-use emx::proto::{Addr, ChecksumMode, Core, CoreConfig, MacAddr, Time};
+use emx::proto::{Addr, Core, MacAddr, Time};
 
 type TestCore = Core<Vec<u8>, Vec<u8>>;
 
 const STEP: Duration = Duration::from_micros(100);
 
-fn cfg() -> CoreConfig {
-    CoreConfig {
-        checksum: ChecksumMode::Off,
-        max_peers: 4,
-        unexpected_bytes: 4 * 40 * 1024,
-        eager_threshold: 16 * 1024,
-        ..CoreConfig::default()
-    }
-}
-
-/// The fuzz target's core, set up as it sets it up.
-fn target_core() -> TestCore {
-    let now = Time::ZERO;
-    let mut core = Core::new(cfg(), Addr::new(2, 0), MacAddr([2, 0, 0, 0, 0, 2]), 1, now).unwrap();
-    core.add_peer(Addr::new(1, 0), MacAddr([2, 0, 0, 0, 0, 1]))
-        .unwrap();
-    core.post_recv(now, None, 0, 0, vec![0; 70_000], 0).unwrap();
-    core.post_recv(now, Some(Addr::new(1, 0)), 5, !0, vec![0; 10], 1)
-        .unwrap();
-    core.send(now, Addr::new(1, 0), 3, vec![7; 50_000], 2)
-        .unwrap();
-    core
-}
+include!("../fuzz/core_setup.rs");
 
 /// The next frame `core` sends, whole.
 fn frame(core: &mut TestCore, now: Time) -> Option<Vec<u8>> {
@@ -58,9 +37,9 @@ fn frame(core: &mut TestCore, now: Time) -> Option<Vec<u8>> {
 /// core, `drop_every`-th peer frame lost (0: none), until `steps` clock
 /// steps passed: the peer's frames as the target's records.
 fn record(peer_setup: impl FnOnce(&mut TestCore), drop_every: usize, steps: usize) -> Vec<u8> {
-    let mut target = target_core();
+    let mut target = fuzz_target_core();
     let mut peer: TestCore = Core::new(
-        cfg(),
+        target.config().clone(),
         Addr::new(1, 0),
         MacAddr([2, 0, 0, 0, 0, 1]),
         7,

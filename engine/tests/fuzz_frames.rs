@@ -268,6 +268,8 @@ fn garbage_interleaved_with_traffic() {
     assert!(ok);
 }
 
+include!("../fuzz/core_setup.rs");
+
 /// The `core_frames` fuzz target's seeds (`cargo run -p emx --example
 /// fuzz_seeds` writes them) still reach the state machines: replayed as the
 /// target replays them, they complete its receives and its send. Seeds that
@@ -275,50 +277,16 @@ fn garbage_interleaved_with_traffic() {
 /// recorded) fail here: record them again.
 #[test]
 fn the_fuzz_seeds_reach_the_state_machines() {
-    use emx::proto::{Addr, ChecksumMode, Core, MacAddr};
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/sequences");
     let mut completed = std::collections::BTreeMap::new();
     for name in ["session", "packed", "lossy", "silent"] {
         let data = std::fs::read(format!("{dir}/{name}")).expect("the seed is there");
-        // As fuzz/fuzz_targets/core_frames.rs sets up its core.
-        let cfg = CoreConfig {
-            checksum: ChecksumMode::Off,
-            max_peers: 4,
-            unexpected_bytes: 4 * 40 * 1024,
-            eager_threshold: 16 * 1024,
-            ..CoreConfig::default()
-        };
-        let mut now = Time::ZERO;
-        let mut core: Core<Vec<u8>, Vec<u8>> =
-            Core::new(cfg, Addr::new(2, 0), MacAddr([2, 0, 0, 0, 0, 2]), 1, now).unwrap();
-        core.add_peer(Addr::new(1, 0), MacAddr([2, 0, 0, 0, 0, 1]))
-            .unwrap();
-        core.post_recv(now, None, 0, 0, vec![0; 70_000], 0).unwrap();
-        core.post_recv(now, Some(Addr::new(1, 0)), 5, !0, vec![0; 10], 1)
-            .unwrap();
-        core.send(now, Addr::new(1, 0), 3, vec![7; 50_000], 2)
-            .unwrap();
         let mut ok = Vec::new();
-        let mut buf = [0u8; 128];
-        let mut rest = &data[..];
-        while rest.len() >= 3 {
-            let (op, len) = (rest[0], u16::from_le_bytes([rest[1], rest[2]]) as usize);
-            let frame = &rest[3..3 + len.min(rest.len() - 3)];
-            rest = &rest[3 + frame.len()..];
-            if op & 1 != 0 {
-                now = now + Duration::from_micros(100);
-                core.handle_timeout(now);
-            }
-            let _ = core.handle_frame(now, frame);
-            while core.poll_transmit(now, &mut buf).is_some() {}
-            while let Some(c) = core.poll_completion() {
-                match c {
-                    Completion::Send(s) if s.result.is_ok() => ok.push(s.ctx),
-                    Completion::Recv(r) if r.result.is_ok() => ok.push(r.ctx),
-                    _ => {}
-                }
-            }
-        }
+        fuzz_replay(&data, |c| match c {
+            Completion::Send(s) if s.result.is_ok() => ok.push(s.ctx),
+            Completion::Recv(r) if r.result.is_ok() => ok.push(r.ctx),
+            _ => {}
+        });
         ok.sort();
         completed.insert(name, ok);
     }
