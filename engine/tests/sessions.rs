@@ -410,15 +410,10 @@ fn peer_given_up_one_sided_comes_back_when_it_speaks() {
     transfer(&mut sim, 0, 1, 5000, 8);
 }
 
-/// A complete message kept from a peer that was then declared unreachable is
-/// still delivered, to an any-source receive, but taking it does not speak to
-/// that peer: its session is over, and only `reconnect` (or the peer speaking
-/// first) starts another. Binding it used to engage the peer like a live one,
-/// which sent a HELLO and revived it behind the application's back.
-#[test]
-fn a_message_kept_from_a_dead_peer_does_not_revive_it() {
-    let cfg = cfg();
-    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+/// Node 1 sends node 0 "kept" (match bits 3), which waits unexpected, and
+/// node 0 then gives node 1 up.
+fn kept_from_a_dead_peer() -> TestSim {
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg());
     transfer(&mut sim, 0, 1, 1000, 1);
     let now = sim.now();
     sim.core(1)
@@ -427,6 +422,17 @@ fn a_message_kept_from_a_dead_peer_does_not_revive_it() {
     sim.run_until(now + Duration::from_millis(1), |_| false);
     assert!(drain(&mut sim).iter().any(|(k, _)| *k == 1), "acknowledged");
     node_0_gives_node_1_up(&mut sim);
+    sim
+}
+
+/// A complete message kept from a peer that was then declared unreachable is
+/// still delivered, to an any-source receive, but taking it does not speak to
+/// that peer: its session is over, and only `reconnect` (or the peer speaking
+/// first) starts another. Binding it used to engage the peer like a live one,
+/// which sent a HELLO and revived it behind the application's back.
+#[test]
+fn a_message_kept_from_a_dead_peer_does_not_revive_it() {
+    let mut sim = kept_from_a_dead_peer();
     sim.set_blocked(1, 0, false);
     let sent_before = sim.core_ref(0).peer_stats(PeerId(0)).unwrap().frames_sent;
     let now = sim.now();
@@ -469,16 +475,7 @@ fn a_message_kept_from_a_dead_peer_does_not_revive_it() {
 /// nothing.
 #[test]
 fn a_receive_naming_a_dead_peer_takes_what_it_sent_before() {
-    let cfg = cfg();
-    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
-    transfer(&mut sim, 0, 1, 1000, 1);
-    let now = sim.now();
-    sim.core(1)
-        .send(now, addr(0), 3, b"kept".to_vec(), 3)
-        .unwrap();
-    sim.run_until(now + Duration::from_millis(1), |_| false);
-    assert!(drain(&mut sim).iter().any(|(k, _)| *k == 1), "acknowledged");
-    node_0_gives_node_1_up(&mut sim);
+    let mut sim = kept_from_a_dead_peer();
     let sent_before = sim.core_ref(0).peer_stats(PeerId(0)).unwrap().frames_sent;
     let now = sim.now();
     let probed = sim
