@@ -504,6 +504,12 @@ fn a_receive_naming_a_dead_peer_takes_what_it_sent_before() {
     assert!(sim.core(0).probe(Some(addr(1)), 3, !0).is_none());
     sim.run_until(now + Duration::from_millis(100), |_| false);
     assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+    // Its credit back owes the dead peer no acknowledgement (one owed for
+    // ever kept a closing endpoint lingering its whole second).
+    assert!(
+        sim.core_ref(0).owes_nothing(),
+        "an acknowledgement owed to a dead peer"
+    );
     assert_eq!(
         sim.core_ref(0).peer_stats(PeerId(0)).unwrap().frames_sent,
         sent_before,

@@ -223,6 +223,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     pub(crate) fn return_credit(&mut self, now: Time, p: u16, c: u64) {
         let peer = &mut self.peers[p as usize];
         peer.credit_released = peer.credit_released.wrapping_add(c as u32);
+        if peer.dead {
+            // A message kept from a session that is over: nobody to tell
+            // (an ack owed to a dead peer is never sent, and would keep
+            // `owes_nothing` false for good).
+            return;
+        }
         let limit = peer.credit_released.wrapping_add(self.peer_credit as u32);
         if limit.wrapping_sub(peer.credit_advertised) as u64 >= self.peer_credit / 2 {
             peer.ack_now = true;
