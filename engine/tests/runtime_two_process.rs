@@ -124,5 +124,5 @@ fn child_peer() {
     receive_all(&mut ep, &sizes, 8);
     send_all(&mut ep, Addr::new(1, 0), &sizes, 8, None);
     let report = ep.close(Duration::from_secs(5));
-    assert_eq!(report.aborted, 0);
+    assert_eq!((report.aborted, report.lost), (0, 0));
 }

@@ -686,6 +686,7 @@ impl Settling {
 
 /// What closing an endpoint found.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct ShutdownReport {
     /// Requests that finished on their own (before the close, untaken, or
     /// while draining).
@@ -1181,11 +1182,10 @@ fn poll_thread(
                 // last acknowledgements, the NOTIFYs of its aborted receives,
                 // and an answer to a peer whose acknowledgement was lost), or
                 // after CLOSE_MAX whatever it owes (a peer that went away).
-                // (What owes nothing may still wait on a full link: the
-                // frames it built, acknowledgements among them.)
-                let sent = driver.tx_backlog() == 0;
+                // (Frames it built that wait on a full link still go: the
+                // driver runs on. The engine's stop, below, waits for them.)
                 let core = driver.core(ep);
-                if settling.settled(sent && core.owes_nothing()) || since.elapsed() >= CLOSE_MAX {
+                if settling.settled(core.owes_nothing()) || since.elapsed() >= CLOSE_MAX {
                     core.close(now);
                     *state = None;
                     n_closing -= 1;
