@@ -689,38 +689,45 @@ impl Station {
         self.discard_unserved();
     }
 
-    /// Receives (and drops) the oldest unexpected messages while their op is
-    /// not one the responder serves: they would hold their sender's credits
-    /// forever.
+    /// Receives (and drops) each peer's oldest unexpected messages while
+    /// their op is not one the responder serves: they would hold their
+    /// sender's credits forever. Peer by peer: a message that waits to be
+    /// served (a PING behind its sender's PONG, an ECHO for a free slot)
+    /// holds up only its own sender's. (64 discards a scan at most.)
     fn discard_unserved(&mut self) {
         if self.closing {
             return;
         }
-        for _ in 0..64 {
-            let Ok(Some(m)) = self.ep.probe(None, 0, 0) else {
-                return;
-            };
-            let served = match ops::op_of(m.match_bits) {
-                ECHO | SINK => true,
-                PING => self.watched(m.src),
-                _ => false,
-            };
-            if served {
-                return;
-            }
-            match self
-                .ep
-                .irecv(Some(m.src), m.match_bits, u64::MAX, Vec::new())
-            {
-                Ok(r) => {
-                    self.counters.discarded += 1;
-                    debug!(peer = ?m.src, bits = m.match_bits, len = m.len, "message with an unserved op discarded");
-                    self.reqs.push((r, Role::Discard));
-                    // Inline, the receive matched at once; let it finish so
-                    // that the next probe sees the next message.
-                    self.ep.progress();
+        let peers: Vec<Addr> = self.watches.keys().copied().collect();
+        let mut budget = 64;
+        for peer in peers {
+            while budget > 0 {
+                let Ok(Some(m)) = self.ep.probe(Some(peer), 0, 0) else {
+                    break;
+                };
+                let served = match ops::op_of(m.match_bits) {
+                    ECHO | SINK => true,
+                    PING => self.watched(m.src),
+                    _ => false,
+                };
+                if served {
+                    break;
                 }
-                Err(_) => return,
+                budget -= 1;
+                match self
+                    .ep
+                    .irecv(Some(m.src), m.match_bits, u64::MAX, Vec::new())
+                {
+                    Ok(r) => {
+                        self.counters.discarded += 1;
+                        debug!(peer = ?m.src, bits = m.match_bits, len = m.len, "message with an unserved op discarded");
+                        self.reqs.push((r, Role::Discard));
+                        // Inline, the receive matched at once; let it finish so
+                        // that the next probe sees the next message.
+                        self.ep.progress();
+                    }
+                    Err(_) => break,
+                }
             }
         }
     }
