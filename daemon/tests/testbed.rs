@@ -61,6 +61,16 @@ fn namespace_testbed_3_nodes() {
         .args(["netns", "exec", &ns, "sleep", "600"])
         .spawn()
         .expect("run sleep in the namespace");
+    // In it before the script sweeps.
+    let t = std::time::Instant::now();
+    while Command::new("ip")
+        .args(["netns", "pids", &ns])
+        .output()
+        .map_or(true, |o| o.stdout.is_empty())
+    {
+        assert!(t.elapsed().as_secs() < 10, "sleep never entered {ns}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     std::fs::create_dir_all(&work).unwrap();
     let (ok, text) = run_script("scripts/testbed-netns.sh", "3", &[]);
     let ns_there = Path::new("/run/netns").join(&ns).exists();
