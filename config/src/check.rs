@@ -357,20 +357,21 @@ impl ClusterConfig {
                          framing) and be at most 1 GiB"
                     ),
                 ),
-                ProtoConfigError::Timers(TimerRule::TooLong(name)) => (
-                    format!("protocol.{name}_us"),
-                    format!(
-                        "out of range (want at most {} us, an hour)",
-                        emx::proto::MAX_TIMER.as_micros()
-                    ),
-                ),
                 ProtoConfigError::Timers(rule) => {
                     let us = |d: std::time::Duration| d.as_micros();
-                    // The two fields the rule ties (the first the file sets is named).
-                    let (a, b, problem) = match rule {
+                    // Of the fields the rule ties, the first the file sets.
+                    let named = |fields: [(&str, bool); 2]| {
+                        fields
+                            .iter()
+                            .find_map(|&(f, given)| set(f, given))
+                            .unwrap_or_else(|| "protocol".to_owned())
+                    };
+                    match rule {
                         TimerRule::Rto => (
-                            ("rto_min_us", p.rto_min_us.is_some()),
-                            ("rto_max_us", p.rto_max_us.is_some()),
+                            named([
+                                ("rto_min_us", p.rto_min_us.is_some()),
+                                ("rto_max_us", p.rto_max_us.is_some()),
+                            ]),
                             format!(
                                 "rto_min_us ({} us) must be above 0 and at most rto_max_us ({} us)",
                                 us(core.rto_min),
@@ -379,14 +380,15 @@ impl ClusterConfig {
                         ),
                         // Only a file can set it to 0 (the default is 16).
                         TimerRule::AckEvery => (
-                            ("ack_every", true),
-                            ("ack_every", true),
+                            "protocol.ack_every".to_owned(),
                             "0 is out of range (want at least 1 frame between acknowledgements)"
                                 .to_owned(),
                         ),
                         TimerRule::AckDelay => (
-                            ("ack_delay_us", p.ack_delay_us.is_some()),
-                            ("rto_min_us", p.rto_min_us.is_some()),
+                            named([
+                                ("ack_delay_us", p.ack_delay_us.is_some()),
+                                ("rto_min_us", p.rto_min_us.is_some()),
+                            ]),
                             format!(
                                 "ack_delay_us ({} us) must be below rto_min_us ({} us): a delayed \
                                  acknowledgement must reach the sender before its retransmission \
@@ -396,8 +398,10 @@ impl ClusterConfig {
                             ),
                         ),
                         TimerRule::Keepalive => (
-                            ("keepalive_us", p.keepalive_us.is_some()),
-                            ("peer_timeout_us", p.peer_timeout_us.is_some()),
+                            named([
+                                ("keepalive_us", p.keepalive_us.is_some()),
+                                ("peer_timeout_us", p.peer_timeout_us.is_some()),
+                            ]),
                             format!(
                                 "keepalive_us ({} us) must be above 0 and below peer_timeout_us \
                                  ({} us): a silent peer is probed before it is declared dead",
@@ -405,12 +409,14 @@ impl ClusterConfig {
                                 us(core.peer_timeout)
                             ),
                         ),
-                        TimerRule::TooLong(_) => unreachable!("matched by the arm above"),
-                    };
-                    let field = set(a.0, a.1)
-                        .or_else(|| set(b.0, b.1))
-                        .unwrap_or_else(|| "protocol".to_owned());
-                    (field, problem)
+                        TimerRule::TooLong(name) => (
+                            format!("protocol.{name}_us"),
+                            format!(
+                                "out of range (want at most {} us, an hour)",
+                                emx::proto::MAX_TIMER.as_micros()
+                            ),
+                        ),
+                    }
                 }
             };
             return Err(self.invalid(&field, problem));

@@ -32,6 +32,13 @@ pub fn eager_charge(len: u64) -> u64 {
     MSG_OVERHEAD + len.div_ceil(CHUNK as u64) * CHUNK as u64
 }
 
+/// [`eager_charge`] for any length: `None` where it would overflow (a
+/// threshold near `u64::MAX`, which only a configuration can give).
+pub fn checked_eager_charge(len: u64) -> Option<u64> {
+    len.checked_next_multiple_of(CHUNK as u64)?
+        .checked_add(MSG_OVERHEAD)
+}
+
 /// Credit bytes a rendezvous announcement costs its sender.
 #[inline]
 pub fn rts_charge() -> u64 {

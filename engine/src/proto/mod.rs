@@ -499,12 +499,7 @@ impl CoreConfig {
         if self.pack_max == 0 {
             return Err(E::Table("pack_max"));
         }
-        // (A threshold near u64::MAX would overflow `eager_charge`.)
-        let need = self
-            .eager_threshold
-            .checked_next_multiple_of(matching::CHUNK as u64)
-            .and_then(|b| b.checked_add(matching::MSG_OVERHEAD))
-            .unwrap_or(u64::MAX);
+        let need = matching::checked_eager_charge(self.eager_threshold).unwrap_or(u64::MAX);
         if self.peer_credit() > MAX_PEER_CREDIT || self.peer_credit() < need {
             return Err(E::Credits {
                 credit: self.peer_credit(),
