@@ -161,18 +161,19 @@ impl ClusterConfig {
     fn check_node(&self, i: usize, n: &NodeSpec) -> Result<(), ConfigError> {
         let at = |f: &str| format!("node[{i}].{f}");
         // The name goes into file names (emxd's control socket,
-        // /run/emx/emxd-<name>.sock) and container names.
+        // /run/emx/emxd-<name>.sock) and container names, and after `--node`
+        // on command lines (where a leading '-' reads as an option).
         let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
         if n.name.is_empty()
             || n.name.len() > MAX_NAME
             || !n.name.chars().all(name_ok)
-            || n.name.starts_with('.')
+            || n.name.starts_with(['.', '-'])
         {
             return Err(self.invalid(
                 &at("name"),
                 format!(
                     "bad node name {:?} (want 1 to {MAX_NAME} letters, digits, '.', '_' or '-', \
-                     not starting with '.')",
+                     not starting with '.' or '-')",
                     n.name
                 ),
             ));
