@@ -36,9 +36,12 @@ fn fuzz_target_core() -> emx::proto::Core<Vec<u8>, Vec<u8>> {
 /// (and running the core's timers) first. After each frame the core's
 /// transmissions are taken (each payload it names must be one it holds) and
 /// its completions handed to `done`. Nothing may panic, and the unexpected
-/// store stays within its bound.
+/// store stays within its bound. Returns the core as the records left it.
 #[allow(dead_code)]
-fn fuzz_replay(data: &[u8], mut done: impl FnMut(emx::proto::Completion<Vec<u8>, Vec<u8>>)) {
+fn fuzz_replay(
+    data: &[u8],
+    mut done: impl FnMut(emx::proto::Completion<Vec<u8>, Vec<u8>>),
+) -> emx::proto::Core<Vec<u8>, Vec<u8>> {
     let mut core = fuzz_target_core();
     let bound = core.config().unexpected_bytes;
     let mut now = emx::proto::Time::ZERO;
@@ -64,4 +67,5 @@ fn fuzz_replay(data: &[u8], mut done: impl FnMut(emx::proto::Completion<Vec<u8>,
         }
         assert!(core.unexpected_bytes() <= bound);
     }
+    core
 }

@@ -282,13 +282,17 @@ fn the_fuzz_seeds_reach_the_state_machines() {
     for name in ["session", "packed", "lossy", "silent"] {
         let data = std::fs::read(format!("{dir}/{name}")).expect("the seed is there");
         let mut ok = Vec::new();
-        fuzz_replay(&data, |c| match c {
+        let core = fuzz_replay(&data, |c| match c {
             Completion::Send(s) if s.result.is_ok() => ok.push(s.ctx),
             Completion::Recv(r) if r.result.is_ok() => ok.push(r.ctx),
             _ => {}
         });
         ok.sort();
         completed.insert(name, ok);
+        // Every seed's peer answers to the end: silent but for its engine's
+        // answers to keepalives, the last one's peer is still alive.
+        let peer = core.peer_info(PeerId(0)).unwrap();
+        assert!(!peer.dead, "{name}: the peer was given up");
     }
     // session: the rendezvous message pulled into the any-source receive,
     // the 6 B one into the other, the target's 50,000 B pulled by the peer.

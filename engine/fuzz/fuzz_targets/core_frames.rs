@@ -9,5 +9,5 @@ use libfuzzer_sys::fuzz_target;
 include!("../core_setup.rs");
 
 fuzz_target!(|data: &[u8]| {
-    fuzz_replay(data, |_| {});
+    let _ = fuzz_replay(data, |_| {});
 });
