@@ -225,16 +225,6 @@ impl PacketIo for Starved {
         }
         self.inner.alloc()
     }
-    fn put<'f>(
-        &mut self,
-        frame: &'f mut Self::Frame,
-        len: usize,
-    ) -> Result<&'f mut [u8], emx::io::IoError> {
-        self.inner.put(frame, len)
-    }
-    fn truncate(&mut self, frame: &mut Self::Frame, len: usize) {
-        self.inner.truncate(frame, len)
-    }
     fn attach(
         &mut self,
         frame: &mut Self::Frame,
@@ -245,15 +235,6 @@ impl PacketIo for Starved {
         }
         self.inner.attach(frame, payload)
     }
-    fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame> {
-        self.inner.duplicate(frame)
-    }
-    fn mac(&self) -> emx::io::Mac {
-        self.inner.mac()
-    }
-    fn max_frame(&self) -> usize {
-        self.inner.max_frame()
-    }
     fn copy_below(&self) -> usize {
         if self.no_attach {
             0
@@ -261,9 +242,7 @@ impl PacketIo for Starved {
             self.inner.copy_below()
         }
     }
-    fn stats(&self) -> emx::io::IoStats {
-        self.inner.stats()
-    }
+    emx::delegate_packet_io!(put, truncate, duplicate, mac, max_frame, stats);
 }
 
 /// Frames that wait for a buffer are counted (a dry pool stalled the link

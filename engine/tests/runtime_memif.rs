@@ -277,19 +277,6 @@ impl PacketIo for LazyFree {
     fn send(&mut self, frames: &mut Vec<Self::Frame>) -> usize {
         self.inner.send(frames)
     }
-    fn alloc(&mut self) -> Result<Self::Frame, emx::io::IoError> {
-        self.inner.alloc()
-    }
-    fn put<'f>(
-        &mut self,
-        frame: &'f mut Self::Frame,
-        len: usize,
-    ) -> Result<&'f mut [u8], emx::io::IoError> {
-        self.inner.put(frame, len)
-    }
-    fn truncate(&mut self, frame: &mut Self::Frame, len: usize) {
-        self.inner.truncate(frame, len)
-    }
     fn attach(
         &mut self,
         frame: &mut Self::Frame,
@@ -304,21 +291,18 @@ impl PacketIo for LazyFree {
         self.held.clear();
         self.inner.reclaim();
     }
-    fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame> {
-        self.inner.duplicate(frame)
-    }
-    fn mac(&self) -> emx::io::Mac {
-        self.inner.mac()
-    }
-    fn max_frame(&self) -> usize {
-        self.inner.max_frame()
-    }
-    fn copy_below(&self) -> usize {
-        self.inner.copy_below()
-    }
-    fn stats(&self) -> emx::io::IoStats {
-        self.inner.stats()
-    }
+    emx::delegate_packet_io!(
+        alloc,
+        put,
+        truncate,
+        duplicate,
+        release,
+        mac,
+        max_frame,
+        copy_below,
+        stats,
+        enter_thread,
+    );
 }
 
 /// A registered send's buffer comes back writable, also from a link that

@@ -15,14 +15,19 @@
 //! This module must not know the protocol: it moves bytes.
 
 /// Writes the [`PacketIo`] methods that a link wrapper passes through
-/// unchanged to its `inner` link: everything but `recv` and `send`, which a
-/// wrapper exists to change. Use it inside `impl PacketIo for YourWrapper`.
+/// unchanged to its `inner` link. Bare, everything but `recv` and `send`,
+/// which a wrapper exists to change; with a list of methods, only those, for
+/// a wrapper that changes others too and writes them itself:
+/// `delegate_packet_io!(put, truncate, duplicate, mac, max_frame, stats)`.
+/// Use it inside `impl PacketIo for YourWrapper`.
 #[macro_export]
 macro_rules! delegate_packet_io {
-    () => {
+    (@one alloc) => {
         fn alloc(&mut self) -> Result<Self::Frame, $crate::io::IoError> {
             self.inner.alloc()
         }
+    };
+    (@one put) => {
         fn put<'f>(
             &mut self,
             frame: &'f mut Self::Frame,
@@ -30,9 +35,13 @@ macro_rules! delegate_packet_io {
         ) -> Result<&'f mut [u8], $crate::io::IoError> {
             self.inner.put(frame, len)
         }
+    };
+    (@one truncate) => {
         fn truncate(&mut self, frame: &mut Self::Frame, len: usize) {
             self.inner.truncate(frame, len)
         }
+    };
+    (@one attach) => {
         fn attach(
             &mut self,
             frame: &mut Self::Frame,
@@ -40,32 +49,67 @@ macro_rules! delegate_packet_io {
         ) -> Result<(), $crate::io::IoError> {
             self.inner.attach(frame, payload)
         }
+    };
+    (@one duplicate) => {
         fn duplicate(&mut self, frame: &Self::Frame) -> Option<Self::Frame> {
             self.inner.duplicate(frame)
         }
+    };
+    (@one release) => {
         fn release(&mut self, frames: &mut Vec<Self::Frame>) {
             self.inner.release(frames)
         }
+    };
+    (@one reclaim) => {
         fn reclaim(&mut self) {
             self.inner.reclaim()
         }
+    };
+    (@one mac) => {
         fn mac(&self) -> $crate::io::Mac {
             self.inner.mac()
         }
+    };
+    (@one max_frame) => {
         fn max_frame(&self) -> usize {
             self.inner.max_frame()
         }
+    };
+    (@one copy_below) => {
         fn copy_below(&self) -> usize {
             self.inner.copy_below()
         }
+    };
+    (@one stats) => {
         fn stats(&self) -> $crate::io::IoStats {
             self.inner.stats()
         }
+    };
+    (@one enter_thread) => {
         fn enter_thread(
             &self,
         ) -> Result<Option<$crate::io::dpdk_ffi::ThreadRegistration>, $crate::io::IoError> {
             self.inner.enter_thread()
         }
+    };
+    () => {
+        $crate::delegate_packet_io!(
+            alloc,
+            put,
+            truncate,
+            attach,
+            duplicate,
+            release,
+            reclaim,
+            mac,
+            max_frame,
+            copy_below,
+            stats,
+            enter_thread
+        );
+    };
+    ($($method:ident),+ $(,)?) => {
+        $($crate::delegate_packet_io!(@one $method);)+
     };
 }
 
