@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use emx_daemon::control::{reply_err, Request};
 use nix::fcntl::{Flock, FlockArg};
@@ -177,8 +177,28 @@ pub const MAX_LINE: usize = 64 * 1024;
 /// Connections served at once; more are answered with an error and closed.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// How long a connection may stay silent before it is closed.
+/// How long a connection may take to send a whole request line, from its
+/// connection or its last reply, before it is closed: silent, or sending a
+/// byte now and then.
 pub const IDLE: Duration = Duration::from_secs(30);
+
+/// Reads from a stream with every read bounded by one deadline: however the
+/// bytes come, none is read after `until` (the read fails `TimedOut`).
+struct Deadline<'a> {
+    stream: &'a UnixStream,
+    until: Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        (&*self.stream).read(buf)
+    }
+}
 
 /// Serves `listener` on its own threads, handing requests to `tx`.
 pub fn serve(listener: UnixListener, tx: Sender<Control>) -> Result<(), String> {
@@ -256,9 +276,16 @@ fn connection(stream: UnixStream, tx: Sender<Control>) {
     {
         return;
     }
-    let mut reader = BufReader::new(&stream);
+    let mut reader = BufReader::new(Deadline {
+        stream: &stream,
+        until: Instant::now() + IDLE,
+    });
     let mut raw = Vec::new();
     loop {
+        // A whole line within IDLE: a client that sends a byte now and then
+        // holds a connection no longer than a silent one (each read's own
+        // timeout let one keep it for good, and 64 such locked emxctl out).
+        reader.get_mut().until = Instant::now() + IDLE;
         raw.clear();
         match (&mut reader)
             .take(MAX_LINE as u64 + 1)
@@ -322,5 +349,43 @@ fn connection(stream: UnixStream, tx: Sender<Control>) {
         if (&stream).write_all(&out).is_err() {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line that trickles in ends at its deadline, not at a silence.
+    #[test]
+    fn a_trickled_line_meets_its_deadline() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let writer = std::thread::spawn(move || {
+            for _ in 0..100 {
+                if (&b).write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let t = Instant::now();
+        let mut reader = BufReader::new(Deadline {
+            stream: &a,
+            until: t + Duration::from_millis(200),
+        });
+        let mut line = Vec::new();
+        let e = reader.read_until(b'\n', &mut line).unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ),
+            "{e}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert!(!line.is_empty(), "bytes came meanwhile");
+        drop(reader);
+        drop(a);
+        writer.join().unwrap();
     }
 }
