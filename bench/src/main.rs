@@ -121,7 +121,9 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     warmup_ms: u64,
     /// At most this many iterations per measurement (round trips, or
-    /// messages sent in a stream): for quick checks.
+    /// messages sent in a stream): for quick checks. The kernel's streams
+    /// (udp, tcp) run for their time regardless: a short TCP stream arrives
+    /// in too few reads to be timed.
     #[arg(long)]
     iters: Option<u64>,
     /// Link MTU, up to 9000 (jumbo frames) where the link allows. By default
