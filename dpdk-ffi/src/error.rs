@@ -35,6 +35,15 @@ impl Errno {
 
 impl fmt::Display for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == 0 {
+            // A call that returned failure with `rte_errno` left at 0 (memif's
+            // start when its client finds no server, for one): "Success"
+            // would read as nonsense.
+            return f.write_str(
+                "no error code given (errno 0; DPDK's log lines above say what the driver \
+                 refused)",
+            );
+        }
         // SAFETY: rte_strerror accepts any int and returns a pointer to a static
         // (or per-lcore) NUL-terminated string, valid until the next call on
         // this thread; it is copied out at once.
@@ -230,5 +239,22 @@ impl<T> ToResult for *mut T {
             call,
             errno: Errno::last(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failure that left `rte_errno` at 0 does not read "Success".
+    #[test]
+    fn a_failure_without_an_error_code_says_so() {
+        let e = Error::Call {
+            call: "rte_eth_dev_start",
+            errno: Errno(0),
+        };
+        let text = e.to_string();
+        assert!(!text.contains("Success"), "{text}");
+        assert!(text.contains("no error code given"), "{text}");
     }
 }

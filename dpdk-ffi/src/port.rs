@@ -143,6 +143,9 @@ impl Port {
     ) -> Result<Port> {
         let control = crate::control::control();
         let name = devargs.split(',').next().unwrap_or_default().trim();
+        if is_memif(name) {
+            memif_keys(name, devargs)?;
+        }
         let sized;
         let devargs = match memif_sizing(name, devargs, cfg.mtu)? {
             Some(extra) => {
@@ -195,7 +198,21 @@ impl Port {
             devargs: devargs.into(),
             errno: Some(Errno(libc::ENODEV)),
         })?;
-        Self::setup(eal, id, cfg, pool, created)
+        Self::setup(eal, id, cfg, pool, created).map_err(|e| match e {
+            // A memif client's start connects to its server's socket, and
+            // fails with no error code when nobody listens there.
+            Error::Call {
+                call: "rte_eth_dev_start",
+                ..
+            } if is_memif(name) && devargs.split(',').any(|kv| kv.trim() == "role=client") => {
+                Error::Config(format!(
+                    "memif client `{name}` could not connect to its server ({devargs}): start \
+                     the role=server side first, or check socket= and socket-abstract= (a \
+                     server's socket is a file only with socket-abstract=no)"
+                ))
+            }
+            e => e,
+        })
     }
 
     /// Sets up an existing port: configures its queues and MTU, binds its
@@ -780,6 +797,37 @@ const MEMIF_DEFAULT_BSIZE: u32 = 2048;
 /// memif's ring slots (log2) when the devargs give none.
 const MEMIF_DEFAULT_RSIZE: u32 = 10;
 
+/// The devargs keys DPDK 22.11's memif takes.
+const MEMIF_KEYS: [&str; 11] = [
+    "id",
+    "role",
+    "bsize",
+    "rsize",
+    "socket",
+    "socket-abstract",
+    "owner-uid",
+    "owner-gid",
+    "mac",
+    "zero-copy",
+    "secret",
+];
+
+/// Refuses memif devargs with a key memif does not take: DPDK 22.11's memif
+/// then ignores every argument of the device (a client of the default
+/// socket, whatever the rest said), and the start fails far from the cause.
+fn memif_keys(name: &str, devargs: &str) -> Result<()> {
+    for kv in devargs.split(',').skip(1).map(str::trim) {
+        let key = kv.split('=').next().unwrap_or_default().trim();
+        if !kv.contains('=') || !MEMIF_KEYS.contains(&key) {
+            return Err(Error::Config(format!(
+                "`{name}`: memif takes no `{kv}` (its keys: {}; each as key=value)",
+                MEMIF_KEYS.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// For memif devargs (device `name`) asked for `mtu`: what to add to them
 /// (`,bsize=..,rsize=..`) so that a frame fits one ring buffer, or `None`
 /// when they need nothing. An explicit `bsize` too small for the frame is a
@@ -901,6 +949,24 @@ pub(crate) fn format_mac(mac: &[u8; 6]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memif_devargs_with_a_key_memif_does_not_take_are_refused() {
+        let ok = "net_memif0,role=server,id=0,socket=/tmp/s,socket-abstract=no,bsize=9216,rsize=8";
+        assert!(memif_keys("net_memif0", ok).is_ok());
+        assert!(memif_keys("net_memif0", "net_memif0").is_ok());
+        for bad in [
+            "net_memif0,bogus=1,role=server",
+            "net_memif0,role=client,sokcet-abstract=no",
+            "net_memif0,role",
+        ] {
+            let e = memif_keys("net_memif0", bad).unwrap_err().to_string();
+            assert!(
+                e.contains("memif takes no") && e.contains("socket-abstract"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn memif_sizing_holds_a_whole_frame() {
