@@ -424,7 +424,9 @@ pub enum ClientError {
         reason: String,
     },
     /// The connection failed midway.
-    #[error("{path}: {source}")]
+    #[error(
+        "{path}: {source} (if that is not emxd's control socket, give --control the one it is)"
+    )]
     Io {
         /// The socket path.
         path: String,
@@ -444,7 +446,10 @@ pub enum ClientError {
         timeout: Duration,
     },
     /// The reply is not a JSON object with `ok`.
-    #[error("{path}: emxd sent a reply that is not JSON: {reply:?}")]
+    #[error(
+        "{path}: the reply is not emxd's (a JSON object with `ok`): {reply:?}; is this emxd's \
+         control socket? (give --control the one it is)"
+    )]
     BadReply {
         /// The socket path.
         path: String,
@@ -465,9 +470,17 @@ pub fn request(
         path: shown.clone(),
         source,
     };
-    let stream = UnixStream::connect(path).map_err(|e| ClientError::NotRunning {
-        path: shown.clone(),
-        reason: e.to_string(),
+    let stream = UnixStream::connect(path).map_err(|e| {
+        use std::os::unix::fs::FileTypeExt;
+        // Connecting to a file that is no socket reads "connection refused".
+        let reason = match std::fs::metadata(path) {
+            Ok(m) if !m.file_type().is_socket() => "it is not a socket".to_owned(),
+            _ => e.to_string(),
+        };
+        ClientError::NotRunning {
+            path: shown.clone(),
+            reason,
+        }
     })?;
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;

@@ -62,8 +62,9 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| {
                 format!(
-                    "cannot create {} for the control socket: {e}",
-                    dir.display()
+                    "cannot create {} for the control socket: {e}{}",
+                    dir.display(),
+                    fix(&e)
                 )
             })?;
             dir
@@ -109,9 +110,20 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
             })?;
             listen_at(path).map_err(|e| format!("control socket {shown}: {e}"))?
         }
-        Err(e) => return Err(format!("control socket {shown}: {e}")),
+        Err(e) => return Err(format!("control socket {shown}: {e}{}", fix(&e))),
     };
     Ok((listener, SocketFile(path.to_owned())))
+}
+
+/// What to do about a control socket that cannot be made, where it is plain.
+fn fix(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+            " (run emxd as root, or give --control a path in a directory you may write, and \
+             the same --control to emxctl)"
+        }
+        _ => "",
+    }
 }
 
 /// An exclusive lock on directory `dir`, waited for up to [`DIR_LOCK_WAIT`];
