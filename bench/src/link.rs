@@ -145,6 +145,8 @@ impl Link {
             p.wait_link(Duration::from_secs(10))
                 .map_err(|e| e.to_string())?;
         }
+        joined(pool, &a, &b)?;
+        joined(pool, &b, &a)?;
         let ch = Channel {
             a: End { port: a, queue: 0 },
             b: End { port: b, queue: 0 },
@@ -386,4 +388,78 @@ fn veth(eal: &Eal, pool: &Mempool, mtu: u16, pmd: VethPmd) -> Result<Link, Strin
         mtu,
         shared: false,
     })
+}
+
+/// Checks that a frame `from` sends reaches `to`: two ports that do not meet
+/// (net_ring ports, which loop back to themselves; two NIC ports with no
+/// cable between them) would leave every measurement waiting for ever.
+fn joined(pool: &Mempool, from: &Port, to: &Port) -> Result<(), String> {
+    use dpdk_ffi::{Burst, Mbuf};
+    /// IEEE's local experimental EtherType 2, as raw frames; a stray probe
+    /// is drained below, before any transport runs.
+    const PROBE_ETHERTYPE: u16 = 0x88B6;
+    const MARK: &[u8] = b"emx-bench link probe";
+    let (mut tx, mut rx) = (
+        from.tx_queue(0).map_err(|e| e.to_string())?,
+        to.rx_queue(0).map_err(|e| e.to_string())?,
+    );
+    let nonce = std::process::id().to_be_bytes();
+    let probe = || -> Result<Mbuf, String> {
+        let mut m = Mbuf::alloc(pool).map_err(|e| e.to_string())?;
+        let f = m.append(60).map_err(|e| e.to_string())?;
+        f.fill(0);
+        f[..6].copy_from_slice(&to.mac());
+        f[6..12].copy_from_slice(&from.mac());
+        f[12..14].copy_from_slice(&PROBE_ETHERTYPE.to_be_bytes());
+        f[14..14 + MARK.len()].copy_from_slice(MARK);
+        f[14 + MARK.len()..18 + MARK.len()].copy_from_slice(&nonce);
+        Ok(m)
+    };
+    let is_probe = |d: &[u8]| {
+        d.len() >= 18 + MARK.len()
+            && d[12..14] == PROBE_ETHERTYPE.to_be_bytes()
+            && &d[14..14 + MARK.len()] == MARK
+            && d[14 + MARK.len()..18 + MARK.len()] == nonce
+    };
+    let mut burst: Burst = Burst::new();
+    let start = std::time::Instant::now();
+    let mut sent_at = None::<std::time::Instant>;
+    let mut arrived = None::<std::time::Instant>;
+    // Until it came, and 50 ms more to take any copy sent again.
+    while arrived.is_none_or(|t| t.elapsed() < Duration::from_millis(50)) {
+        if start.elapsed() > Duration::from_secs(2) {
+            // Did they come back to the sender? (And its pool gets them back.)
+            let mut back = false;
+            if let Ok(mut own) = from.rx_queue(0) {
+                own.rx_burst(&mut burst);
+                back = burst.drain().any(|m| is_probe(m.data()));
+            }
+            return Err(format!(
+                "no frame sent by {} reached {} within 2 s{}: the two --devargs ports must be \
+                 joined (a cable between two NIC ports, or two virtual devices that meet, such \
+                 as a memif server and client on one socket; net_ring ports loop back to \
+                 themselves)",
+                from.name(),
+                to.name(),
+                if back {
+                    " (they came back to the port that sent them)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if arrived.is_none() && sent_at.is_none_or(|t| t.elapsed() > Duration::from_millis(200)) {
+            // (A link just up may drop the first.)
+            let _ = tx.tx_one(probe()?);
+            sent_at = Some(std::time::Instant::now());
+        }
+        rx.rx_burst(&mut burst);
+        for m in burst.drain() {
+            if is_probe(m.data()) {
+                arrived.get_or_insert_with(std::time::Instant::now);
+            }
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
 }

@@ -957,6 +957,40 @@ fn devargs_mistakes_name_the_fix() {
         "never",
     ]);
     assert!(e.contains("vfio-pci"), "{e}");
+    // Two ports that do not meet (net_ring ports loop back to themselves)
+    // end with an error in seconds; every measurement used to wait on them
+    // for ever. A memif key memif does not take is named.
+    let t = std::time::Instant::now();
+    let e = err(&[
+        "--link",
+        "devargs",
+        "--devargs",
+        "net_ring0",
+        "--devargs",
+        "net_ring1",
+        "--hugepages",
+        "never",
+    ]);
+    assert!(
+        e.contains("must be joined") && e.contains("came back to the port that sent them"),
+        "{e}"
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        t.elapsed()
+    );
+    let e = err(&[
+        "--link",
+        "devargs",
+        "--devargs",
+        "net_memif0,role=server,sokcet=/tmp/x.sock",
+        "--devargs",
+        "net_memif1,role=client",
+        "--hugepages",
+        "never",
+    ]);
+    assert!(e.contains("memif takes no `sokcet=/tmp/x.sock`"), "{e}");
 }
 
 #[test]
