@@ -143,6 +143,9 @@ impl Port {
     ) -> Result<Port> {
         let control = crate::control::control();
         let name = devargs.split(',').next().unwrap_or_default().trim();
+        if let Some(why) = not_a_device(name) {
+            return Err(Error::Config(why));
+        }
         if is_memif(name) {
             memif_keys(name, devargs)?;
         }
@@ -186,6 +189,13 @@ impl Port {
                         devargs: devargs.into(),
                         driver: driver_name(name).into(),
                     }
+                } else if needs_root(name) && !is_root() {
+                    Error::Config(format!(
+                        "`{devargs}`: the {} driver could not open its interface, and this \
+                         process is not root: it needs CAP_NET_RAW and CAP_NET_ADMIN (run it \
+                         as root)",
+                        driver_name(name)
+                    ))
                 } else {
                     Error::Devargs {
                         devargs: devargs.into(),
@@ -797,6 +807,40 @@ const MEMIF_DEFAULT_BSIZE: u32 = 2048;
 /// memif's ring slots (log2) when the devargs give none.
 const MEMIF_DEFAULT_RSIZE: u32 = 10;
 
+/// Why device name `name` (the devargs before the first comma) names
+/// nothing DPDK can probe, where that is plain: a bare word that is neither a
+/// virtual device (`net_<driver><n>`) nor a PCI address. (Such a name failed
+/// the probe with 'Bad address'.)
+fn not_a_device(name: &str) -> Option<String> {
+    let bare = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !bare || name.starts_with("net_") || name.starts_with("eth_") {
+        return None;
+    }
+    Some(format!(
+        "`{name}` is not a device DPDK can probe: give virtual device devargs such as \
+         net_memif0,role=server,socket=/tmp/emx.sock or net_af_packet0,iface={name} (for a \
+         kernel interface), or a NIC's PCI address such as 0000:03:00.0"
+    ))
+}
+
+/// Virtual devices that open a kernel interface, which takes root's
+/// capabilities.
+fn needs_root(name: &str) -> bool {
+    matches!(
+        driver_name(name),
+        "net_af_packet" | "net_af_xdp" | "net_tap" | "net_tun"
+    )
+}
+
+/// Whether this process runs as root.
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// The devargs keys DPDK 22.11's memif takes.
 const MEMIF_KEYS: [&str; 11] = [
     "id",
@@ -949,6 +993,26 @@ pub(crate) fn format_mac(mac: &[u8; 6]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_word_is_not_a_device() {
+        for name in ["nosuch", "eth0", "ens1f0"] {
+            let e = not_a_device(name).expect(name);
+            assert!(
+                e.contains("is not a device") && e.contains("0000:03:00.0"),
+                "{e}"
+            );
+        }
+        for name in [
+            "net_memif0",
+            "net_af_packet1",
+            "eth_ring0",
+            "0000:03:00.0",
+            "03:00.1",
+        ] {
+            assert_eq!(not_a_device(name), None, "{name}");
+        }
+    }
 
     #[test]
     fn memif_devargs_with_a_key_memif_does_not_take_are_refused() {
