@@ -368,20 +368,23 @@ impl Drop for EalInner {
 
 /// Ok when hugetlbfs is mounted and at least `memory_mb` of 2 MiB (or larger)
 /// hugepages are free; otherwise why not.
-pub(crate) fn hugepages_usable(memory_mb: u32) -> std::result::Result<(), &'static str> {
+pub(crate) fn hugepages_usable(memory_mb: u32) -> std::result::Result<(), String> {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     if !mounts
         .lines()
         .any(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
     {
-        return Err("no hugetlbfs is mounted");
+        return Err("no hugetlbfs is mounted".into());
     }
     let free_kb = free_hugepage_kb(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default());
     if free_kb == 0 {
-        return Err("no hugepages are reserved or free");
+        return Err("no hugepages are reserved or free".into());
     }
     if free_kb < u64::from(memory_mb) * 1024 {
-        return Err("fewer hugepages are free than the memory asked for");
+        return Err(format!(
+            "{} MiB of hugepages are free, fewer than the {memory_mb} MiB asked for",
+            free_kb / 1024
+        ));
     }
     Ok(())
 }

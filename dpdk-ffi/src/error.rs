@@ -86,12 +86,13 @@ pub enum Error {
     },
     /// Hugepages were required but none can be used.
     #[error(
-        "hugepages were required but {0}; reserve them as root with \
-         `echo 512 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages` and mount \
-         hugetlbfs on /dev/hugepages (`sudo bash scripts/setup.sh` does both), or run without \
-         hugepages (HugepageMode::Auto or Never, i.e. --no-huge)"
+        "hugepages were required but {0}; as root, reserve more 2 MiB pages (`echo N > \
+         /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`, N counting those in use) \
+         and mount hugetlbfs on /dev/hugepages (`sudo bash scripts/setup.sh` does both for \
+         512 pages), or let the program run without them (hugepages \"auto\" or \"never\" in \
+         its settings; DPDK's --no-huge)"
     )]
-    NoHugepages(&'static str),
+    NoHugepages(String),
     /// No poll-mode driver matches the device name in the devargs.
     #[error(
         "no DPDK driver for device `{devargs}`: driver `{driver}` is not available; check \
