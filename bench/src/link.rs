@@ -285,15 +285,8 @@ fn devargs_port(eal: &Eal, pool: &Mempool, mtu: u16, devargs: &str) -> Result<Po
         mtu: Some(mtu),
         ..PortConfig::default()
     };
-    Port::from_devargs(eal, devargs, &cfg, pool).map_err(|e| {
-        let name = devargs.split(',').next().unwrap_or_default();
-        if name.contains(':') && !name.starts_with("net_") {
-            // A PCI address: the usual cause is the kernel driver holding it.
-            format!("{e}; a NIC must be bound to vfio-pci first: `dpdk-devbind.py --bind=vfio-pci {name}` (`dpdk-devbind.py --status` lists them)")
-        } else {
-            e.to_string()
-        }
-    })
+    // (dpdk-ffi says what to do about a PCI device that will not probe.)
+    Port::from_devargs(eal, devargs, &cfg, pool).map_err(|e| e.to_string())
 }
 
 fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {

@@ -143,7 +143,7 @@ impl Port {
     ) -> Result<Port> {
         let control = crate::control::control();
         let name = devargs.split(',').next().unwrap_or_default().trim();
-        if let Some(why) = not_a_device(name) {
+        if let Some(why) = not_a_device(name).or_else(|| no_such_pci_device(name)) {
             return Err(Error::Config(why));
         }
         if is_memif(name) {
@@ -189,6 +189,15 @@ impl Port {
                         devargs: devargs.into(),
                         driver: driver_name(name).into(),
                     }
+                } else if crate::is_pci_address(name) {
+                    // The device is there (checked above): the usual cause is
+                    // the kernel's driver holding it.
+                    Error::Config(format!(
+                        "`{devargs}`: the probe failed{}: a NIC must be bound to vfio-pci (or \
+                         another driver DPDK can use) first: `dpdk-devbind.py --bind=vfio-pci \
+                         {name}` (`dpdk-devbind.py --status` lists them)",
+                        errno.map(|e| format!(" with {e}")).unwrap_or_default()
+                    ))
                 } else if needs_root(name) && !is_root() {
                     Error::Config(format!(
                         "`{devargs}`: the {} driver could not open its interface, and this \
@@ -824,6 +833,26 @@ fn not_a_device(name: &str) -> Option<String> {
          net_memif0,role=server,socket=/tmp/emx.sock or net_af_packet0,iface={name} (for a \
          kernel interface), or a NIC's PCI address such as 0000:03:00.0"
     ))
+}
+
+/// Why PCI address `name` names no device, where this machine says so: no
+/// such device under /sys/bus/pci (where /sys shows the bus at all).
+fn no_such_pci_device(name: &str) -> Option<String> {
+    if !crate::is_pci_address(name) {
+        return None;
+    }
+    let full = if name.matches(':').count() == 1 {
+        format!("0000:{name}")
+    } else {
+        name.to_owned()
+    };
+    let bus = std::path::Path::new("/sys/bus/pci/devices");
+    (bus.is_dir() && !bus.join(full.to_ascii_lowercase()).exists()).then(|| {
+        format!(
+            "no PCI device {name} on this machine (`lspci -D` lists them, with the addresses \
+             to give)"
+        )
+    })
 }
 
 /// Virtual devices that open a kernel interface, which takes root's
