@@ -101,7 +101,7 @@ struct Args {
     msg_size: usize,
     /// Messages in flight in streams (default: 64 for small messages, fewer
     /// for large ones, so that 16 MiB are in flight).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     window: Option<usize>,
     /// Where emx streams (bandwidth, bibw, msgrate) send from: `multiple`,
     /// a registered buffer per message in flight (each send reads memory the
@@ -311,6 +311,9 @@ fn run(args: &Args) -> Result<(), String> {
     }
     if !args.devargs.is_empty() && args.link != LinkKind::Devargs {
         return Err("--devargs goes with --link devargs".into());
+    }
+    if args.pmd != link::VethPmd::AfPacket && args.link != LinkKind::Veth {
+        return Err("--pmd goes with --link veth".into());
     }
     let mtu = args.mtu.unwrap_or(args.link.default_mtu());
     let side = match (args.link, args.devargs.as_slice()) {

@@ -635,7 +635,13 @@ impl Cores {
         let (pinger, echo, poller) = match ids[..] {
             [p, e] => (p, e, Cores::poller_for(p, e, allowed, core_of)),
             [p, e, q] => (p, e, q),
-            _ => return Err(bad(format!("{} CPUs given", ids.len()))),
+            _ => {
+                return Err(bad(format!(
+                    "{} CPU{} given",
+                    ids.len(),
+                    if ids.len() == 1 { "" } else { "s" }
+                )))
+            }
         };
         // The echo thread spins, and so does the pinger on raw's round
         // trips: beside either, a thread waits for the scheduler's time
