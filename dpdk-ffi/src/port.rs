@@ -889,7 +889,12 @@ const MEMIF_KEYS: [&str; 11] = [
 /// then ignores every argument of the device (a client of the default
 /// socket, whatever the rest said), and the start fails far from the cause.
 fn memif_keys(name: &str, devargs: &str) -> Result<()> {
-    for kv in devargs.split(',').skip(1).map(str::trim) {
+    for kv in devargs
+        .split(',')
+        .skip(1)
+        .map(str::trim)
+        .filter(|kv| !kv.is_empty())
+    {
         let key = kv.split('=').next().unwrap_or_default().trim();
         if !kv.contains('=') || !MEMIF_KEYS.contains(&key) {
             return Err(Error::Config(format!(
@@ -1048,6 +1053,7 @@ mod tests {
         let ok = "net_memif0,role=server,id=0,socket=/tmp/s,socket-abstract=no,bsize=9216,rsize=8";
         assert!(memif_keys("net_memif0", ok).is_ok());
         assert!(memif_keys("net_memif0", "net_memif0").is_ok());
+        assert!(memif_keys("net_memif0", "net_memif0,role=server,").is_ok());
         for bad in [
             "net_memif0,bogus=1,role=server",
             "net_memif0,role=client,sokcet-abstract=no",
