@@ -218,12 +218,13 @@ impl Port {
             errno: Some(Errno(libc::ENODEV)),
         })?;
         Self::setup(eal, id, cfg, pool, created).map_err(|e| match e {
-            // A memif client's start connects to its server's socket, and
-            // fails with no error code when nobody listens there.
+            // A memif client's start (client is memif's default role)
+            // connects to its server's socket, and fails with no error code
+            // when nobody listens there.
             Error::Call {
                 call: "rte_eth_dev_start",
                 ..
-            } if is_memif(name) && devargs.split(',').any(|kv| kv.trim() == "role=client") => {
+            } if is_memif(name) && !devargs.split(',').any(|kv| kv.trim() == "role=server") => {
                 Error::Config(format!(
                     "memif client `{name}` could not connect to its server ({devargs}): start \
                      the role=server side first, or check socket= and socket-abstract= (a \
