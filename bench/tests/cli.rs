@@ -931,46 +931,32 @@ fn devargs_mistakes_name_the_fix() {
     assert!(e.contains("--link devargs"), "{e}");
     let e = err(&["--link", "devargs", "--role", "client"]);
     assert!(e.contains("--devargs"), "{e}");
-    let e = err(&[
-        "--link",
-        "devargs",
-        "--devargs",
-        "net_bogus0",
-        "--devargs",
-        "net_memif1",
-        "--hugepages",
-        "never",
-    ]);
+    // Two ports in this process, without hugepages.
+    let pair_err = |a: &str, b: &str| {
+        err(&[
+            "--link",
+            "devargs",
+            "--devargs",
+            a,
+            "--devargs",
+            b,
+            "--hugepages",
+            "never",
+        ])
+    };
+    let e = pair_err("net_bogus0", "net_memif1");
     assert!(
         e.contains("no DPDK driver") && e.contains("net_bogus"),
         "{e}"
     );
     // A PCI address with no device at it: said so, before the probe.
-    let e = err(&[
-        "--link",
-        "devargs",
-        "--devargs",
-        "0000:ff:1f.7",
-        "--devargs",
-        "net_memif1",
-        "--hugepages",
-        "never",
-    ]);
+    let e = pair_err("0000:ff:1f.7", "net_memif1");
     assert!(e.contains("no PCI device 0000:ff:1f.7"), "{e}");
     // Two ports that do not meet (net_ring ports loop back to themselves)
     // end with an error in seconds; every measurement used to wait on them
     // for ever. A memif key memif does not take is named.
     let t = std::time::Instant::now();
-    let e = err(&[
-        "--link",
-        "devargs",
-        "--devargs",
-        "net_ring0",
-        "--devargs",
-        "net_ring1",
-        "--hugepages",
-        "never",
-    ]);
+    let e = pair_err("net_ring0", "net_ring1");
     assert!(
         e.contains("must be joined") && e.contains("came back to the port that sent them"),
         "{e}"
@@ -980,16 +966,10 @@ fn devargs_mistakes_name_the_fix() {
         "{:?}",
         t.elapsed()
     );
-    let e = err(&[
-        "--link",
-        "devargs",
-        "--devargs",
+    let e = pair_err(
         "net_memif0,role=server,sokcet=/tmp/x.sock",
-        "--devargs",
         "net_memif1,role=client",
-        "--hugepages",
-        "never",
-    ]);
+    );
     assert!(e.contains("memif takes no `sokcet=/tmp/x.sock`"), "{e}");
 }
 
