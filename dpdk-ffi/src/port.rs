@@ -224,7 +224,7 @@ impl Port {
             Error::Call {
                 call: "rte_eth_dev_start",
                 ..
-            } if is_memif(name) && !devargs.split(',').any(|kv| kv.trim() == "role=server") => {
+            } if is_memif(name) && devarg(devargs, "role") != Some("server") => {
                 Error::Config(format!(
                     "memif client `{name}` could not connect to its server ({devargs}): start \
                      the role=server side first, or check socket= and socket-abstract= (a \
@@ -871,6 +871,16 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The value devargs give `key` (the last, where they give it twice).
+fn devarg<'a>(devargs: &'a str, key: &str) -> Option<&'a str> {
+    devargs
+        .split(',')
+        .filter_map(|kv| kv.trim().split_once('='))
+        .filter(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v)
+        .next_back()
+}
+
 /// The devargs keys DPDK 22.11's memif takes.
 const MEMIF_KEYS: [&str; 11] = [
     "id",
@@ -916,15 +926,9 @@ fn memif_sizing(name: &str, devargs: &str, mtu: Option<u16>) -> Result<Option<St
     if driver_name(name) != "net_memif" {
         return Ok(None);
     }
-    let arg = |key: &str| {
-        devargs
-            .split(',')
-            .filter_map(|kv| kv.trim().strip_prefix(key))
-            .next_back()
-    };
     // memif frames carry no CRC: header and payload.
     let frame = u32::from(mtu) + 14;
-    if let Some(b) = arg("bsize=") {
+    if let Some(b) = devarg(devargs, "bsize") {
         return match b.trim().parse::<u32>() {
             Ok(b) if b >= frame => Ok(None),
             _ => Err(Error::Config(format!(
@@ -939,7 +943,7 @@ fn memif_sizing(name: &str, devargs: &str, mtu: Option<u16>) -> Result<Option<St
     }
     // A whole number of KiB: 9216 for MTU 9000.
     let bsize = frame.div_ceil(1024) * 1024;
-    if arg("rsize=").is_some() {
+    if devarg(devargs, "rsize").is_some() {
         return Ok(Some(format!(",bsize={bsize}")));
     }
     // The power of two nearest the default ring's memory over the buffer size.
