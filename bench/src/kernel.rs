@@ -524,7 +524,10 @@ fn measure(
     let start = Instant::now();
     let limit = max_iters.unwrap_or(u64::MAX);
     let mut n = 0u64;
-    while n < limit && start.elapsed() < duration {
+    // At least a few round trips even when one takes longer than
+    // `duration`, as the DPDK transports measure (an empty histogram would
+    // leave the row out of the report).
+    while n < limit && (n < 3 || start.elapsed() < duration) {
         hist.saturating_record(round_trip()?.max(1));
         n += 1;
     }

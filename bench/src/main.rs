@@ -96,9 +96,10 @@ struct Args {
     /// bytes either side of each.
     #[arg(long)]
     no_netpipe: bool,
-    /// Message size of the msgrate test.
-    #[arg(long, default_value_t = 8)]
-    msg_size: usize,
+    /// Message size of the msgrate test (default: the sizes of `--sizes`
+    /// when given, else 8).
+    #[arg(long, value_parser = parse_size)]
+    msg_size: Option<usize>,
     /// Messages in flight in streams (default: 64 for small messages, fewer
     /// for large ones, so that 16 MiB are in flight).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
@@ -115,7 +116,7 @@ struct Args {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
     /// Measured time per point, transport and round, in milliseconds.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     time_ms: u64,
     /// Warm-up before each measurement, in milliseconds.
     #[arg(long, default_value_t = 10)]
@@ -124,7 +125,7 @@ struct Args {
     /// messages sent in a stream): for quick checks. The kernel's streams
     /// (udp, tcp) run for their time regardless: a short TCP stream arrives
     /// in too few reads to be timed.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     iters: Option<u64>,
     /// Link MTU, up to 9000 (jumbo frames) where the link allows. By default
     /// 9000 on the memif links (shared memory, with no wire MTU) and 1500 on
@@ -191,7 +192,8 @@ fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 /// Latency sizes: 0, then powers of two with NetPIPE's points 3 bytes
-/// either side (from 16 up), to `max`.
+/// either side (from 16 up), to `max`, which ends the sweep also when it is
+/// not a power of two.
 fn latency_sizes(max: usize, netpipe: bool) -> Vec<usize> {
     let mut v = vec![0];
     let mut p = 1usize;
@@ -204,6 +206,13 @@ fn latency_sizes(max: usize, netpipe: bool) -> Vec<usize> {
             v.push(p + 3);
         }
         p *= 2;
+    }
+    // The point below the next power of two, and `max` itself.
+    if netpipe && p >= 16 && p - 3 <= max && v.last() < Some(&(p - 3)) {
+        v.push(p - 3);
+    }
+    if v.last() != Some(&max) {
+        v.push(max);
     }
     v
 }
@@ -274,7 +283,11 @@ fn run(args: &Args) -> Result<(), String> {
     let max = args.max_size.min(8 << 20);
     let sizes_for = |t: Test| -> Vec<usize> {
         if t == Test::Msgrate {
-            return vec![args.msg_size];
+            return match args.msg_size {
+                Some(size) => vec![size],
+                None if !args.sizes.is_empty() => args.sizes.clone(),
+                None => vec![8],
+            };
         }
         if !args.sizes.is_empty() {
             return args.sizes.clone();
@@ -564,5 +577,28 @@ fn measure(
                 .map(|f| Some(Sample::Flow(f)))
                 .map_err(Skip::Fail)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{latency_sizes, stream_sizes};
+
+    #[test]
+    fn latency_sweeps_end_at_their_largest_size() {
+        assert_eq!(latency_sizes(8 << 20, true).last(), Some(&(8 << 20)));
+        assert_eq!(latency_sizes(8 << 20, true)[..6], [0, 1, 2, 4, 8, 13]);
+        // Not a power of two: the point below the next one, and the end.
+        let v = latency_sizes(1022, true);
+        assert_eq!(v[v.len() - 4..], [512, 515, 1021, 1022]);
+        assert_eq!(latency_sizes(20, false), [0, 1, 2, 4, 8, 16, 20]);
+        assert_eq!(latency_sizes(13, true), [0, 1, 2, 4, 8, 13]);
+        assert_eq!(latency_sizes(0, true), [0]);
+        for max in [1, 7, 100, 4096, 5000, 1 << 20] {
+            let v = latency_sizes(max, true);
+            assert!(v.windows(2).all(|w| w[0] < w[1]), "{max}: {v:?}");
+            assert_eq!(v.last(), Some(&max));
+        }
+        assert_eq!(stream_sizes(1000), [64, 256, 1000]);
     }
 }

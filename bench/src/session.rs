@@ -1263,7 +1263,7 @@ impl Session {
             self.count_echo_duplicates()?;
         }
         if !bidir {
-            return Ok(theirs);
+            return Ok(self.raw_msgs(t, theirs, size));
         }
         // Both directions: everything received, over the span of both (the
         // longer span when the two sides have different clocks).
@@ -1279,11 +1279,26 @@ impl Session {
         } else {
             ((l - f) / 1e9).max(theirs.secs)
         };
-        Ok(Stream {
+        let both = Stream {
             bytes: theirs.bytes + mine.0.bytes,
             msgs: theirs.msgs + mine.0.msgs,
             secs,
-        })
+        };
+        Ok(self.raw_msgs(t, both, size))
+    }
+
+    /// Raw streams frames of at most [`Self::raw_per`] bytes: what arrived
+    /// of a larger message size counts in messages' worth of bytes, so that
+    /// `msgs` means messages for every transport (and a message rate is
+    /// compared with raw's rate of such messages, not of frames).
+    fn raw_msgs(&self, t: Transport, s: Stream, size: usize) -> Stream {
+        if t != Transport::Raw || size <= self.raw_per() {
+            return s;
+        }
+        Stream {
+            msgs: s.bytes / size as u64,
+            ..s
+        }
     }
 
     /// Returns what this side received (bibw) and its first and last TSC.
@@ -1303,10 +1318,14 @@ impl Session {
         let mut burst: Burst = Burst::new();
         let mut inb: Burst = Burst::new();
         let end = Instant::now() + pace.warmup + pace.time;
+        // `--iters` counts messages: that many messages' bytes, in frames.
+        let limit = pace
+            .max_iters
+            .map(|m| m.saturating_mul(size.max(1) as u64).div_ceil(len as u64));
         let mut n = 0u64;
         let mut wait = Patience::new(raw::STUCK_AFTER);
-        while Instant::now() < end && pace.max_iters.is_none_or(|m| n < m) {
-            while burst.room() > 0 {
+        while Instant::now() < end && limit.is_none_or(|l| n < l) {
+            while burst.room() > 0 && limit.is_none_or(|l| n + (burst.len() as u64) < l) {
                 // A stream frame's index field holds its payload length, so
                 // that the receiver counts payload, not Ethernet padding.
                 let m = raw_frame(&self.pool, &self.raw_hdr, 0, len as u32, len)?;
@@ -1381,7 +1400,8 @@ impl Session {
         loop {
             let more = Instant::now() < end && pace.max_iters.is_none_or(|m| n < m);
             if more {
-                while s.sends.len() < window && s.send(gen) {
+                while s.sends.len() < window && pace.max_iters.is_none_or(|m| n < m) && s.send(gen)
+                {
                     n += 1;
                 }
             }

@@ -99,6 +99,13 @@ fn check_rows(report: &Value, test: &str) -> Vec<Value> {
             );
             let rate = msgs / secs;
             assert!((f(fl, "msgs_per_s") - rate).abs() <= 1e-9 * rate, "{r}");
+            // `msgs` counts messages for every transport: raw's frames of a
+            // message larger than one count as messages' worth of bytes.
+            let size = r["size"].as_f64().unwrap();
+            assert!(
+                msgs * size <= bytes && bytes < (msgs + 1.0) * size.max(1.0),
+                "{msgs} messages of {size} bytes in {bytes} bytes: {r}"
+            );
             assert!(f(fl, "gbit_s_min") <= f(fl, "gbit_s_max"), "{r}");
         }
         if t != "raw" {
@@ -294,6 +301,59 @@ fn stream_messages_find_their_receives_posted() {
     }
 }
 
+/// `--iters` bounds a stream's messages, raw's too. (emx went on filling its
+/// window past it, and raw counted frames: a burst of 32 frames past it, and
+/// each of a 1 MiB message's 117 frames counted as one.)
+#[test]
+fn iters_bounds_streams() {
+    let r = json_paced(
+        &[
+            "--test",
+            "bandwidth",
+            "--sizes",
+            "8,1M",
+            "--transports",
+            "raw,emx",
+        ],
+        &[
+            "--rounds",
+            "1",
+            "--iters",
+            "100",
+            "--time-ms",
+            "5000",
+            "--warmup-ms",
+            "0",
+            "--quiet",
+        ],
+    );
+    for r in check_rows(&r, "bandwidth") {
+        let size = r["size"].as_f64().unwrap();
+        assert!(f(&r["flow"], "msgs") <= 100.0, "{r}");
+        assert!(f(&r["flow"], "bytes") <= 100.0 * size, "{r}");
+        if r["transport"] == "emx" {
+            let got = f(&r["protocol"]["arrivals"], "messages");
+            assert_eq!(got, 100.0, "{r}");
+        }
+    }
+}
+
+/// msgrate measures the sizes of `--sizes` when `--msg-size` is not given.
+#[test]
+fn msgrate_takes_the_sizes() {
+    let r = json(&[
+        "--test",
+        "msgrate",
+        "--sizes",
+        "64,16K",
+        "--transports",
+        "raw,emx",
+    ]);
+    let rows = check_rows(&r, "msgrate");
+    assert_eq!(sizes_of(&rows, "emx"), [64, 16384]);
+    assert_eq!(sizes_of(&rows, "raw"), [64, 16384]);
+}
+
 #[test]
 fn msgrate_json() {
     let r = json(&["--test", "msgrate", "--msg-size", "8"]);
@@ -366,6 +426,12 @@ fn bad_options_name_the_fix() {
     let out = Command::new(BIN).args(["--sizes", "9M"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("8M"));
+    for zero in ["--iters", "--time-ms"] {
+        let out = Command::new(BIN).args([zero, "0"]).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(zero) && err.contains("1.."), "{err}");
+    }
     let out = Command::new(BIN).args(["--once"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--role server"));
