@@ -11,6 +11,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use emx_config::{ClusterConfig, Mac};
+use emx_daemon::control::{reply_ok, PeerEntry, PeerState, Peers};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -561,6 +562,166 @@ fn a_signal_during_start_up_stops_emxd() {
     assert!(status.success(), "{status}: {}", a.log());
     assert!(a.log().contains("stopped while starting"), "{}", a.log());
     assert!(!a.control.exists(), "the control socket is removed");
+}
+
+/// emxd answers its control socket while it starts: requests are told it
+/// is starting, `emxctl wait` asks again until its deadline, and `shutdown`
+/// stops it then. (Requests used to wait unanswered in the socket's queue
+/// until the link came up: emxctl gave up on them, and a `shutdown` it
+/// reported failed stopped emxd once the link came up.)
+#[test]
+fn control_requests_while_starting() {
+    let dir = TempDir::new("startctl");
+    let config = cluster_file(&dir, true);
+    let mut a = Daemon::start(&config, "server", &dir, "server.log");
+    wait_for(Duration::from_secs(10), "emxd starting", || {
+        a.log().contains("starting").then_some(())
+    });
+    wait_for(Duration::from_secs(10), "the control socket", || {
+        a.control.exists().then_some(())
+    });
+    let t = Instant::now();
+    let o = a.ctl(&["--timeout", "2", "status"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("emxd is starting"), "{}", stderr(&o));
+    let o = a.ctl(&["wait", "--within", "0.5"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("within 0.5 s") && err.contains("starting"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let o = a.ctl(&["shutdown"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status = a.wait(Duration::from_secs(3));
+    assert!(status.success(), "{status}: {}", a.log());
+    assert!(a.log().contains("stopped while starting"), "{}", a.log());
+}
+
+/// A fake emxd at `sock` that answers every request line with `reply`
+/// (after `delay`), for as long as the test runs.
+fn fake_emxd(sock: &Path, delay: Duration, reply: String) {
+    let sock = sock.to_owned();
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            let reply = reply.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(&c);
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    if (&c).write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+}
+
+/// emxd's reply to `peers` (a line) with `n` peers in `state`.
+fn peers_reply(n: u16, state: PeerState) -> String {
+    let peers = (0..n)
+        .map(|node| PeerEntry {
+            local: 0,
+            node: node + 2,
+            name: None,
+            endpoint: 0,
+            mac: "auto".into(),
+            state,
+            epoch: Some(1),
+            silent_ms: Some(1.0),
+            frames_sent: 0,
+            frames_received: 0,
+            bytes_sent: 0,
+            bytes_received: 0,
+            retransmits: 0,
+        })
+        .collect();
+    reply_ok(&Peers { peers }) + "\n"
+}
+
+/// `emxctl wait` asks again until its deadline, and says what emxd said.
+#[test]
+fn emxctl_wait_asks_again_and_says_why_not() {
+    let dir = TempDir::new("ctlwait");
+    let peers = |state: PeerState| peers_reply(1, state);
+    // An emxd that is not there yet (starting, or restarting).
+    let late = dir.path("late.sock");
+    fake_emxd(&late, Duration::from_millis(500), peers(PeerState::Up));
+    let ctl = |sock: &Path, args: &[&str]| {
+        Command::new(EMXCTL)
+            .arg("--control")
+            .arg(sock)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = ctl(&late, &["wait", "--within", "10"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("every peer up"));
+    let o = ctl(&late, &["wait", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["peers"][0]["state"], "up", "{v}");
+    // One that says no.
+    let no = dir.path("no.sock");
+    fake_emxd(
+        &no,
+        Duration::ZERO,
+        "{\"ok\":false,\"error\":\"emxd is shutting down\"}\n".into(),
+    );
+    wait_for(Duration::from_secs(5), "the fake socket", || {
+        no.exists().then_some(())
+    });
+    let o = ctl(&no, &["wait", "--within", "0.3"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("emxd is shutting down"),
+        "{}",
+        stderr(&o)
+    );
+    // One that never answers: each request waits no longer than the deadline.
+    let mute = dir.path("mute.sock");
+    let _mute = std::os::unix::net::UnixListener::bind(&mute).unwrap();
+    let t = Instant::now();
+    let o = ctl(&mute, &["wait", "--within", "1"]);
+    assert!(!o.status.success());
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(stderr(&o).contains("no reply"), "{}", stderr(&o));
+    for bad in ["nan", "inf", "-1"] {
+        let o = ctl(&mute, &["wait", &format!("--within={bad}")]);
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains("want seconds"), "{}", stderr(&o));
+    }
+}
+
+/// emxctl whose reader went away (`emxctl peers | head -1`) ends quietly,
+/// not with a panic (exit 101).
+#[test]
+fn emxctl_into_a_closed_pipe() {
+    let dir = TempDir::new("ctlpipe");
+    let sock = dir.path("many.sock");
+    fake_emxd(&sock, Duration::ZERO, peers_reply(2000, PeerState::Up));
+    wait_for(Duration::from_secs(5), "the fake socket", || {
+        sock.exists().then_some(())
+    });
+    let mut child = Command::new(EMXCTL)
+        .arg("--control")
+        .arg(&sock)
+        .arg("peers")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
 }
 
 /// Nodes that check each other at once all get their answers: each check's

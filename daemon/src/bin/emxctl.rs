@@ -11,6 +11,31 @@ use emx_daemon::control::{
     self, default_control_path, CheckReport, PeerRef, Peers, Request, Stats, Status,
 };
 
+/// `println!` through [`out`].
+macro_rules! outln {
+    () => {
+        out(format_args!(""))
+    };
+    ($($t:tt)*) => {
+        out(format_args!($($t)*))
+    };
+}
+
+/// Prints a line to stdout. A reader that went away (`emxctl peers | head
+/// -1`) ends emxctl quietly with what it asked done, not with a panic (Rust
+/// ignores SIGPIPE, and `println!` panics on the write's EPIPE).
+fn out(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = writeln!(o, "{line}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("emxctl: cannot write the output: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// Talks to a running emxd through its control socket.
 #[derive(Parser, Debug)]
 #[command(name = "emxctl", version)]
@@ -66,8 +91,9 @@ enum Cmd {
         /// Only this node's endpoints, by name or id.
         #[arg(long, value_name = "NAME|ID")]
         peer: Option<String>,
-        /// Give up after this many seconds.
-        #[arg(long, default_value_t = 30.0)]
+        /// Give up after this many seconds. Until then an emxd that does not
+        /// answer yet (not started, starting, restarting) is asked again.
+        #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
         within: f64,
     },
 }
@@ -91,6 +117,13 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(mult))
         .ok_or_else(|| format!("bad size {s:?} (want bytes, such as 1000, 64K or 1M)"))
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("bad time {s:?} (want seconds, such as 30 or 0.5)")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -145,59 +178,80 @@ fn socket(args: &Args) -> Result<PathBuf, String> {
     }
 }
 
-/// `emxctl wait`: polls `peers` until the chosen ones are all in `want`.
+/// `emxctl wait`: polls `peers` until the chosen ones are all in `want`,
+/// asking again, until `within` seconds are up, an emxd that does not answer
+/// yet or says no (starting, restarting); each request waits at most
+/// `timeout` for its reply.
 fn wait(
     path: &std::path::Path,
-    want: Want,
-    peer: Option<&str>,
-    within: f64,
+    (want, peer, within): (Want, Option<&str>, f64),
+    timeout: Duration,
+    json: bool,
 ) -> Result<ExitCode, String> {
     let t = std::time::Instant::now();
+    let deadline = Duration::from_secs_f64(within);
     let chosen = |e: &control::PeerEntry| {
         peer.is_none_or(|p| e.node.to_string() == p || e.name.as_deref() == Some(p))
     };
+    let target = match want {
+        Want::Up => control::PeerState::Up,
+        Want::Down => control::PeerState::Down,
+    };
     loop {
-        let reply = control::request(path, &Request::Peers, Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
-        let peers: Peers = serde_json::from_value(reply)
-            .map_err(|_| "emxd's reply to peers is not what emxctl expects".to_owned())?;
-        let mine: Vec<&control::PeerEntry> = peers.peers.iter().filter(|e| chosen(e)).collect();
-        if mine.is_empty() {
-            return Err(format!("no peer {}", peer.unwrap_or("at all")));
-        }
-        let target = match want {
-            Want::Up => control::PeerState::Up,
-            Want::Down => control::PeerState::Down,
-        };
-        if mine.iter().all(|e| e.state == target) {
-            println!(
-                "{} {} after {:.3} s",
-                peer.map_or("every peer".to_owned(), |p| format!("peer {p}")),
-                target.as_str(),
-                t.elapsed().as_secs_f64()
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        if t.elapsed().as_secs_f64() > within {
-            let states: Vec<String> = mine
-                .iter()
-                .map(|e| {
-                    format!(
-                        "{}: {}",
-                        e.name.clone().unwrap_or(e.node.to_string()),
-                        e.state.as_str()
-                    )
-                })
-                .collect();
-            return Err(format!(
-                "not all {} within {within} s: {}",
-                target.as_str(),
+        let left = deadline.saturating_sub(t.elapsed());
+        let asked = control::request(path, &Request::Peers, timeout.min(left).max(MIN_ASK));
+        // Why not yet, for the message at the deadline.
+        let why = match asked {
+            Err(e) => e.to_string(),
+            Ok(reply) if reply["ok"].as_bool() != Some(true) => {
+                format!("emxd said: {}", reply["error"].as_str().unwrap_or("no"))
+            }
+            Ok(reply) => {
+                let peers: Peers = serde_json::from_value(reply.clone())
+                    .map_err(|_| "emxd's reply to peers is not what emxctl expects".to_owned())?;
+                let mine: Vec<&control::PeerEntry> =
+                    peers.peers.iter().filter(|e| chosen(e)).collect();
+                if mine.is_empty() {
+                    return Err(format!("no peer {}", peer.unwrap_or("at all")));
+                }
+                if mine.iter().all(|e| e.state == target) {
+                    if json {
+                        outln!("{reply}");
+                    } else {
+                        outln!(
+                            "{} {} after {:.3} s",
+                            peer.map_or("every peer".to_owned(), |p| format!("peer {p}")),
+                            target.as_str(),
+                            t.elapsed().as_secs_f64()
+                        );
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                let states: Vec<String> = mine
+                    .iter()
+                    .map(|e| {
+                        format!(
+                            "{}: {}",
+                            e.name.clone().unwrap_or(e.node.to_string()),
+                            e.state.as_str()
+                        )
+                    })
+                    .collect();
                 states.join(", ")
+            }
+        };
+        if t.elapsed() >= deadline {
+            return Err(format!(
+                "not all {} within {within} s: {why}",
+                target.as_str()
             ));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20).min(deadline.saturating_sub(t.elapsed())));
     }
 }
+
+/// The least time `wait` gives a request near its deadline.
+const MIN_ASK: Duration = Duration::from_millis(100);
 
 fn run(args: &Args) -> Result<ExitCode, String> {
     let path = socket(args)?;
@@ -207,7 +261,13 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         within,
     } = &args.cmd
     {
-        return wait(&path, *state, peer.as_deref(), *within);
+        let timeout = Duration::from_secs(args.timeout.unwrap_or(10));
+        return wait(
+            &path,
+            (*state, peer.as_deref(), *within),
+            timeout,
+            args.json,
+        );
     }
     let req = match &args.cmd {
         Cmd::Wait { .. } => unreachable!("handled above"),
@@ -229,7 +289,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let reply = control::request(&path, &req, timeout).map_err(|e| e.to_string())?;
     let ok = reply["ok"].as_bool() == Some(true);
     if args.json {
-        println!("{reply}");
+        outln!("{reply}");
         return Ok(if ok {
             ExitCode::SUCCESS
         } else {
@@ -254,7 +314,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
                 print_check(&report);
             }
         }
-        Cmd::Shutdown if ok => println!("emxd is stopping"),
+        Cmd::Shutdown if ok => outln!("emxd is stopping"),
         _ => {}
     }
     if ok {
@@ -282,7 +342,7 @@ fn table(rows: &[Vec<String>]) {
             .enumerate()
             .map(|(c, s)| format!("{s:<w$}", w = widths[c]))
             .collect();
-        println!("{}", line.join("  ").trim_end());
+        outln!("{}", line.join("  ").trim_end());
     }
 }
 
@@ -397,7 +457,7 @@ fn print_peers(p: &Peers) {
         ]);
     }
     if p.peers.is_empty() {
-        println!("no peers");
+        outln!("no peers");
     } else {
         table(&rows);
     }
@@ -406,11 +466,11 @@ fn print_peers(p: &Peers) {
 fn print_stats(s: &Stats) {
     for (i, e) in s.endpoints.iter().enumerate() {
         if i > 0 {
-            println!();
+            outln!();
         }
         let l = &e.link;
-        println!("endpoint {}", e.endpoint);
-        println!(
+        outln!("endpoint {}", e.endpoint);
+        outln!(
             "  link: rx {} frames ({}, {} chained), tx {} frames ({}), tx full {}, no buffer {}, payload copied {}, attached {}",
             l.rx_frames,
             bytes(l.rx_bytes),
@@ -423,7 +483,7 @@ fn print_stats(s: &Stats) {
             bytes(l.payload_attached)
         );
         let r = &e.responder;
-        println!(
+        outln!(
             "  responder: echoed {} ({}), sunk {} ({}), pongs {}, truncated {}, discarded {}, stray {}, failed {}",
             r.echoed,
             bytes(r.echoed_bytes),
@@ -436,7 +496,7 @@ fn print_stats(s: &Stats) {
             r.failed
         );
         let m = &e.messages;
-        println!(
+        outln!(
             "  messages: sent {}, received {}, arrived unexpected {} (store high water {}), dropped before a peer {}",
             m.sends_completed,
             m.recvs_completed,
@@ -522,7 +582,7 @@ fn print_check(r: &CheckReport) {
     if !r.results.is_empty() {
         table(&rows);
     }
-    println!(
+    outln!(
         "{} of {} messages came back byte-exact",
         r.passed,
         r.passed + r.failed

@@ -176,6 +176,11 @@ impl Daemon {
                 self.start_check(sizes, peer, c.reply, c.left);
                 return false;
             }
+            // Asked by a client that left before its turn: not done.
+            Request::Shutdown if c.left.load(std::sync::atomic::Ordering::Relaxed) => {
+                info!("a shutdown request whose client left before its turn is ignored");
+                return false;
+            }
             Request::Shutdown => {
                 let _ = c
                     .reply

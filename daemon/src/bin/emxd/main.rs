@@ -153,6 +153,12 @@ fn run(args: Args) -> Result<(), Failure> {
         .clone()
         .unwrap_or_else(|| default_control_path(&spec.name));
     let (listener, socket_file) = server::bind(&control).map_err(Failure::Start)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let gate = Arc::new(server::Gate {
+        up: AtomicBool::new(false),
+        stop: stop.clone(),
+    });
+    server::serve(listener, tx, gate.clone()).map_err(Failure::Start)?;
 
     info!(
         node = spec.id,
@@ -209,8 +215,6 @@ fn run(args: Args) -> Result<(), Failure> {
             node_cfg.engine.protocol.core_config(1500).peer_timeout,
         ));
     }
-    let (tx, rx) = std::sync::mpsc::channel();
-    server::serve(listener, tx).map_err(Failure::Start)?;
     info!(
         node = spec.id,
         name = %spec.name,
@@ -240,6 +244,7 @@ fn run(args: Args) -> Result<(), Failure> {
         eal,
         max,
     };
+    gate.up.store(true, Ordering::Release);
     let served = Daemon::new(parts, cluster, info, rx, stop).run();
     drop(socket_file);
     served.map_err(Failure::Start)

@@ -13,9 +13,9 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use emx_daemon::control::{reply_err, Request};
+use emx_daemon::control::{reply_err, reply_ok, Request};
 use nix::fcntl::{Flock, FlockArg};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// A request for the main loop, and where its reply (one JSON line, without
 /// the newline) goes.
@@ -28,6 +28,24 @@ pub struct Control {
     /// before the reply: work still under way for it (a check) may stop.
     pub left: Arc<AtomicBool>,
 }
+
+/// Where emxd stands, as its control connections see it: the socket is
+/// served from the start, and until the main loop serves requests they are
+/// answered here (a request queued then would be served once the link came
+/// up, seconds later, for a client that may have given up on it long
+/// before: a `shutdown` that emxctl reported failed stopped emxd later).
+#[derive(Debug)]
+pub struct Gate {
+    /// Set once the main loop serves requests.
+    pub up: AtomicBool,
+    /// emxd's stop flag (the signals'): a `shutdown` asked while emxd starts
+    /// raises it.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// The reply to a request other than `shutdown` while emxd starts.
+pub const STARTING: &str = "emxd is starting: its link is not up yet; try again \
+                            (emxctl wait waits for it)";
 
 /// How often a connection waiting for its reply looks whether its client
 /// is still there.
@@ -213,7 +231,7 @@ impl Read for Deadline<'_> {
 }
 
 /// Serves `listener` on its own threads, handing requests to `tx`.
-pub fn serve(listener: UnixListener, tx: Sender<Control>) -> Result<(), String> {
+pub fn serve(listener: UnixListener, tx: Sender<Control>, gate: Arc<Gate>) -> Result<(), String> {
     let live = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("emxd-control".into())
@@ -224,7 +242,7 @@ pub fn serve(listener: UnixListener, tx: Sender<Control>) -> Result<(), String> 
                         refuse(stream, "too many control connections at once; try again");
                     }
                     Ok(stream) => {
-                        let tx = tx.clone();
+                        let (tx, gate) = (tx.clone(), gate.clone());
                         live.fetch_add(1, Ordering::Relaxed);
                         let done = Live(live.clone());
                         let spawned =
@@ -232,7 +250,7 @@ pub fn serve(listener: UnixListener, tx: Sender<Control>) -> Result<(), String> 
                                 .name("emxd-conn".into())
                                 .spawn(move || {
                                     let _done = done;
-                                    connection(stream, tx)
+                                    connection(stream, tx, &gate)
                                 });
                         if let Err(e) = spawned {
                             warn!(error = %e, "cannot serve a control connection");
@@ -283,21 +301,21 @@ fn client_left(stream: &UnixStream) -> bool {
     }
 }
 
-fn connection(stream: UnixStream, tx: Sender<Control>) {
+fn connection(stream: UnixStream, tx: Sender<Control>, gate: &Gate) {
     if stream.set_read_timeout(Some(IDLE)).is_err() || stream.set_write_timeout(Some(IDLE)).is_err()
     {
         return;
     }
+    // A whole request line within IDLE of the connection or of the last
+    // reply: a client that sends a byte (or an empty line) now and then
+    // holds a connection no longer than a silent one (each read's own
+    // timeout let one keep it for good, and 64 such locked emxctl out).
     let mut reader = BufReader::new(Deadline {
         stream: &stream,
         until: Instant::now() + IDLE,
     });
     let mut raw = Vec::new();
     loop {
-        // A whole line within IDLE: a client that sends a byte now and then
-        // holds a connection no longer than a silent one (each read's own
-        // timeout let one keep it for good, and 64 such locked emxctl out).
-        reader.get_mut().until = Instant::now() + IDLE;
         raw.clear();
         match (&mut reader)
             .take(MAX_LINE as u64 + 1)
@@ -327,6 +345,15 @@ fn connection(stream: UnixStream, tx: Sender<Control>) {
                 ),
                 None,
             ),
+            // The client that asked is gone already (a request accepted
+            // late): nothing is done for it.
+            Ok(_) if client_left(&stream) => return,
+            Ok(Request::Shutdown) if !gate.up.load(Ordering::Acquire) => {
+                info!("shutdown requested over the control socket while starting");
+                gate.stop.store(true, Ordering::Relaxed);
+                reply_ok(&serde_json::json!({ "stopping": true }))
+            }
+            Ok(_) if !gate.up.load(Ordering::Acquire) => reply_err::<()>(STARTING, None),
             Ok(req) => {
                 debug!(?req, "control request");
                 let (rtx, rrx) = mpsc::channel();
@@ -361,6 +388,7 @@ fn connection(stream: UnixStream, tx: Sender<Control>) {
         if (&stream).write_all(&out).is_err() {
             break;
         }
+        reader.get_mut().until = Instant::now() + IDLE;
     }
 }
 
