@@ -258,3 +258,81 @@ fn notifies_and_pulls_that_find_the_frame_table_full_wait_for_frames() {
         sim.now()
     );
 }
+
+/// A rendezvous message into a smaller receive: the receiver pulls only what
+/// it keeps, in whole units but the last, and both sides complete, through
+/// loss, duplication and reordering too. Buffers below one unit, of whole
+/// units and of none at all.
+#[test]
+fn truncating_receives_pull_only_what_they_keep() {
+    let cfg = CoreConfig::default();
+    let unit = cfg.frame_payload();
+    let len = 1 << 20;
+    let clean = LinkConfig::default();
+    let lossy = LinkConfig {
+        loss: 0.05,
+        reorder: 0.05,
+        duplicate: 0.02,
+        late: 0.01,
+        seed: 17,
+        ..LinkConfig::default()
+    };
+    for (li, link) in [clean, lossy].into_iter().enumerate() {
+        let mut sim = make_sim(2, link, &cfg);
+        for (tag, buf_len) in [0, 100, unit, 3 * unit, 3 * unit + 1, len - 1]
+            .into_iter()
+            .enumerate()
+        {
+            let tag = tag as u64 + 1;
+            let before = reliable_sent(&sim);
+            let now = sim.now();
+            sim.core(1)
+                .post_recv(now, Some(addr(0)), tag, !0, vec![0xEE; buf_len], 0)
+                .unwrap();
+            sim.core(0)
+                .send(now, addr(1), tag, pattern(tag, len), 0)
+                .unwrap();
+            let mut done = 0;
+            let deadline = sim.now() + std::time::Duration::from_secs(2);
+            let ok = sim.run_until(deadline, |sim| {
+                for (_, c) in drain(sim) {
+                    match c {
+                        Completion::Send(s) => s.result.unwrap(),
+                        Completion::Recv(r) => {
+                            let info = r.result.unwrap();
+                            assert_eq!(info.msg_len, len as u64);
+                            assert_eq!(info.copied, buf_len as u64);
+                            assert!(info.truncated);
+                            assert!(r.buf == pattern(tag, len)[..buf_len]);
+                        }
+                    }
+                    done += 1;
+                }
+                done == 2
+            });
+            assert!(ok, "link {li}: {buf_len} of {len} bytes did not finish");
+            if li == 0 {
+                // The RTS, then the data frames the receive keeps.
+                let data = reliable_sent(&sim) - before - 1;
+                assert_eq!(data, buf_len.div_ceil(unit) as u64, "{buf_len} bytes kept");
+            }
+        }
+        if li == 1 {
+            let st = sim.stats();
+            assert!(
+                st.lost > 0 && st.duplicated > 0 && st.reordered > 0,
+                "{st:?}"
+            );
+        }
+        // Nothing left behind on either side.
+        for i in 0..2 {
+            assert_eq!(sim.core_ref(i).outstanding(), 0, "link {li}, core {i}");
+        }
+    }
+}
+
+/// Reliable frames core 0 sent its peer: all but acknowledgements and HELLOs.
+fn reliable_sent(sim: &TestSim) -> u64 {
+    let s = sim.core_ref(0).peer_stats(PeerId(0)).unwrap();
+    s.frames_sent - s.acks_sent - s.hellos_sent
+}
