@@ -719,8 +719,16 @@ impl Station {
                     .irecv(Some(m.src), m.match_bits, u64::MAX, Vec::new())
                 {
                     Ok(r) => {
-                        self.counters.discarded += 1;
-                        debug!(peer = ?m.src, bits = m.match_bits, len = m.len, "message with an unserved op discarded");
+                        // An answer that came after its check gave up on it
+                        // (its receive cancelled) is a stray answer, not an
+                        // unknown op.
+                        if ops::op_of(m.match_bits) == ops::CHECK_ANSWER {
+                            self.counters.stray += 1;
+                            debug!(peer = ?m.src, bits = m.match_bits, "late check answer dropped");
+                        } else {
+                            self.counters.discarded += 1;
+                            debug!(peer = ?m.src, bits = m.match_bits, len = m.len, "message with an unserved op discarded");
+                        }
                         self.reqs.push((r, Role::Discard));
                         // Inline, the receive matched at once; let it finish so
                         // that the next probe sees the next message.
