@@ -549,7 +549,10 @@ fn measure(
                             msgs: r.msgs,
                             secs: r.seconds,
                         });
-                        (f, None)
+                        // UDP's datagrams that never arrived (TCP loses none).
+                        let lost = (proto == kernel::Proto::Udp)
+                            .then(|| r.sent.saturating_sub(r.received));
+                        (f, lost)
                     }),
                 }
             })

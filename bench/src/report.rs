@@ -62,6 +62,10 @@ pub struct Flow {
     pub gbit_s_max: f64,
     /// Each round's rate.
     pub rounds_gbit_s: Vec<f64>,
+    /// Messages lost, all rounds, warm-up included: kernel UDP's datagrams
+    /// that the kernel took and that never arrived (nothing sends them
+    /// again; the figures count what arrived). 0 for the other transports.
+    pub lost: u64,
 }
 
 /// emx protocol counters of the measuring side (the pinger, the sender of a
@@ -347,6 +351,7 @@ impl Collector {
                     gbit_s_min: lo,
                     gbit_s_max: hi,
                     rounds_gbit_s: per.clone(),
+                    lost: self.lost.get(&(test, size, tkey(t))).copied().unwrap_or(0),
                 });
                 if let Some(raw) = raw {
                     let by = |f: &Stream| {
@@ -446,8 +451,25 @@ fn unexpected(o: &mut String, rows: &[Row]) {
     }
 }
 
-/// Writes the latency rows that lost round trips, a line each.
+/// Writes the latency rows that lost round trips, and the stream rows that
+/// lost messages, a line each.
 fn lost(o: &mut String, rows: &[Row]) {
+    let streams: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.flow.as_ref().is_some_and(|f| f.lost > 0))
+        .collect();
+    if !streams.is_empty() {
+        let _ = writeln!(o, "\nstream messages lost (no protocol sends them again):");
+        for r in streams {
+            let f = r.flow.as_ref().expect("a flow row");
+            let _ = writeln!(o, "  {}: {} lost", row_name(r), f.lost);
+        }
+        let _ = writeln!(
+            o,
+            "  (kernel UDP datagrams the receiving socket did not take in time, warm-up \
+             included; the figures count what arrived)"
+        );
+    }
     let lossy: Vec<(&Row, &Latency)> = rows
         .iter()
         .filter_map(|r| r.latency.as_ref().map(|l| (r, l)))
@@ -983,6 +1005,42 @@ mod tests {
         let mut none = String::new();
         lost(&mut none, &rows[..0]);
         assert!(none.is_empty());
+    }
+
+    /// Streams that lost messages (kernel UDP) say so in the JSON and under
+    /// the tables; the others do not.
+    #[test]
+    fn lost_stream_messages_are_listed_under_the_tables() {
+        use Test::*;
+        use Transport::*;
+        let mut c = Collector::default();
+        for (t, lost) in [(Raw, 0), (Udp, 7), (Tcp, 0)] {
+            for _ in 0..2 {
+                let f = Stream {
+                    bytes: 64_000,
+                    msgs: 1000,
+                    secs: 0.001,
+                };
+                c.add(Bandwidth, t, 64, Sample::Flow(f));
+                c.lost(Bandwidth, t, 64, lost);
+            }
+        }
+        let rows = c.rows();
+        let lost_of = |t| {
+            let r = rows.iter().find(|r| r.transport == t).unwrap();
+            r.flow.as_ref().unwrap().lost
+        };
+        assert_eq!((lost_of(Raw), lost_of(Udp), lost_of(Tcp)), (0, 14, 0));
+        let mut o = String::new();
+        lost(&mut o, &rows);
+        assert!(
+            o.starts_with(
+                "\nstream messages lost (no protocol sends them again):\n\
+                 \x20 Bandwidth udp 64: 14 lost\n"
+            ),
+            "{o}"
+        );
+        assert_eq!(o.lines().count(), 4, "{o}");
     }
 
     /// The plot draws a chart for each of latency and bandwidth the report
