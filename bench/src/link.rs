@@ -286,7 +286,15 @@ fn devargs_port(eal: &Eal, pool: &Mempool, mtu: u16, devargs: &str) -> Result<Po
         ..PortConfig::default()
     };
     // (dpdk-ffi says what to do about a PCI device that will not probe.)
-    Port::from_devargs(eal, devargs, &cfg, pool).map_err(|e| e.to_string())
+    Port::from_devargs(eal, devargs, &cfg, pool).map_err(port_error)
+}
+
+/// A port's error, with the option that sets what it refused.
+fn port_error(e: dpdk_ffi::Error) -> String {
+    match e {
+        dpdk_ffi::Error::MtuTooLarge { max_mtu, .. } => format!("{e}: give --mtu {max_mtu}"),
+        e => e.to_string(),
+    }
 }
 
 fn memif_pair(eal: &Eal, pool: &Mempool, mtu: u16) -> Result<Link, String> {
@@ -356,7 +364,7 @@ fn veth(eal: &Eal, pool: &Mempool, mtu: u16, pmd: VethPmd) -> Result<Link, Strin
             };
             let port = Port::from_devargs(eal, &devargs, &cfg, pool);
             pair.leave()?;
-            let port = port.map_err(|e| e.to_string())?;
+            let port = port.map_err(port_error)?;
             port.wait_link(Duration::from_secs(10))
                 .map_err(|e| e.to_string())?;
             ends.push(End { port, queue: 0 });

@@ -1042,6 +1042,25 @@ fn devargs_mistakes_name_the_fix() {
     assert!(e.contains("memif takes no `sokcet=/tmp/x.sock`"), "{e}");
 }
 
+/// An MTU above what the veth link's af_packet ports take names the option
+/// that sets it, and the namespaces still go.
+#[test]
+fn veth_mtu_above_its_ports_names_the_option() {
+    need_root();
+    let child = Command::new(BIN)
+        .args(["--link", "veth", "--mtu", "9000", "--test", "latency"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("give --mtu 1500"), "{err}");
+    assert!(namespaces_of(pid).is_empty(), "namespaces removed");
+}
+
 #[test]
 fn veth_over_af_xdp() {
     need_root();

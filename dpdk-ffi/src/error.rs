@@ -117,6 +117,21 @@ pub enum Error {
         /// The error the probe returned, when it gave one.
         errno: Option<Errno>,
     },
+    /// The MTU asked for is above what the port's frames can carry.
+    #[error(
+        "port {port} takes frames up to {max_frame} bytes, so an MTU of at most {max_mtu}; \
+         asked for {asked} (set the MTU to {max_mtu} or less)"
+    )]
+    MtuTooLarge {
+        /// The port: its id and name.
+        port: String,
+        /// The longest frame it takes, Ethernet header and CRC included.
+        max_frame: u32,
+        /// The largest MTU that fits.
+        max_mtu: u32,
+        /// The MTU asked for.
+        asked: u16,
+    },
     /// A port id that names no port.
     #[error("unknown port id {port}: {available} port(s) are available (ids from 0)")]
     UnknownPort {

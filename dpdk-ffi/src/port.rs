@@ -315,11 +315,12 @@ impl Port {
                 info.max_rx_pktlen
             };
             if frame > max_frame {
-                return Err(Error::Config(format!(
-                    "port {id} ({}) takes frames up to {max_frame} bytes, so an MTU of at most {}; asked for {mtu}",
-                    inner.name,
-                    max_frame.saturating_sub(ETHER_OVERHEAD)
-                )));
+                return Err(Error::MtuTooLarge {
+                    port: format!("{id} ({})", inner.name),
+                    max_frame,
+                    max_mtu: max_frame.saturating_sub(ETHER_OVERHEAD),
+                    asked: mtu,
+                });
             }
             let room = u32::from(pool.data_room()) - sys::RTE_PKTMBUF_HEADROOM;
             let scatter = info.rx_offload_capa & sys::RTE_ETH_RX_OFFLOAD_SCATTER != 0;

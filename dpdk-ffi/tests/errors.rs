@@ -118,7 +118,14 @@ fn queue_has_one_owner_at_a_time_and_bounds() {
     )
     .unwrap_err();
     assert!(
-        matches!(&err, Error::Config(m) if m.contains("an MTU of at most 9000")),
+        matches!(
+            &err,
+            Error::MtuTooLarge {
+                max_mtu: 9000,
+                asked: 9001,
+                ..
+            }
+        ),
         "memif's limit: {err:?}"
     );
     // Ring buffers smaller than a frame would split it: refused, not corrupted.
