@@ -1584,7 +1584,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 peer.epoch = h.src_epoch;
                 peer.rtt.reset_backoff();
             } else {
-                self.fail_peer(p, RequestError::PeerRestarted);
+                self.fail_peer(now, p, RequestError::PeerRestarted);
                 self.reset_session(p);
                 self.peers[p as usize].epoch = h.src_epoch;
             }
@@ -1752,7 +1752,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             let peer = &self.peers[p as usize];
             if peer.monitored() && !peer.dead {
                 if self.dead_at(peer) <= now {
-                    self.declare_dead(p);
+                    self.declare_dead(now, p);
                     continue;
                 }
                 if self.probe_at(peer) <= now {

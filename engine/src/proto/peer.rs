@@ -335,8 +335,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         silent.min(p.progress_at + self.cfg.peer_timeout)
     }
 
-    pub(crate) fn declare_dead(&mut self, p: u16) {
-        self.fail_peer(p, RequestError::PeerUnreachable);
+    pub(crate) fn declare_dead(&mut self, now: Time, p: u16) {
+        self.fail_peer(now, p, RequestError::PeerUnreachable);
         self.reset_session(p);
         let peer = &mut self.peers[p as usize];
         peer.dead = true;
@@ -350,7 +350,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     }
 
     /// Fails every request that involves `p`.
-    pub(crate) fn fail_peer(&mut self, p: u16, err: RequestError) {
+    pub(crate) fn fail_peer(&mut self, now: Time, p: u16, err: RequestError) {
         // Frames first, so that no send is still referenced.
         self.free_frames(p);
         while self.peers[p as usize].sends.head != NIL {
@@ -358,15 +358,17 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.sends[i as usize].inflight = 0;
             self.complete_send(i, Err(err));
         }
-        // Envelopes: bound ones fail their receive, complete unexpected eager messages stay
-        // (they were delivered and acknowledged), the rest are dropped.
+        // Envelopes: bound ones fail their receive, complete eager messages stay (they
+        // were delivered and acknowledged: their sends completed), the rest are dropped.
+        let mut waiting = 0;
         let mut m = self.peers[p as usize].msgs.head;
         while m != NIL {
             let next = self.msg_peer_links.next(m);
             let msg = self.msgs[m as usize];
             match msg.state {
                 MsgState::Bound => self.complete_recv(msg.recv, Err(err)),
-                MsgState::Waiting => self.free_msg(m),
+                MsgState::Waiting if msg.rndv || msg.received < msg.len => self.free_msg(m),
+                MsgState::Waiting => waiting += 1,
                 MsgState::Unexpected => {
                     if msg.rndv || msg.received < msg.len {
                         self.msg_links.remove(&mut self.unexpected, m);
@@ -378,6 +380,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 }
             }
             m = next;
+        }
+        // Those complete behind one that never came (lost, and not sent again before the
+        // session ended) are matched now, in order, as if it had been: to a receive
+        // posted for them, or kept with the unexpected ones.
+        for _ in 0..waiting {
+            self.match_next_kept(now, p);
         }
         // Posted receives that name this peer: a restarted peer may still send them a
         // message in its new session, an unreachable one cannot.
@@ -392,6 +400,39 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 self.complete_recv(r, Err(err));
             }
             r = next;
+        }
+    }
+
+    /// Matches the complete message of `p` that waits for an earlier one and
+    /// comes first in message-id order (there is one): its session is over,
+    /// so it is kept from it, like an unexpected one (see `fail_peer`). A
+    /// walk of the peer's envelopes, on a path taken once a session.
+    fn match_next_kept(&mut self, now: Time, p: u16) {
+        let from = self.peers[p as usize].next_match;
+        let mut first = NIL;
+        let mut m = self.peers[p as usize].msgs.head;
+        while m != NIL {
+            let msg = &self.msgs[m as usize];
+            let before = |o: u32| {
+                msg.msg_id.wrapping_sub(from) < self.msgs[o as usize].msg_id.wrapping_sub(from)
+            };
+            if msg.state == MsgState::Waiting && (first == NIL || before(first)) {
+                first = m;
+            }
+            m = self.msg_peer_links.next(m);
+        }
+        debug_assert!(first != NIL, "no message kept waiting");
+        if first == NIL {
+            return;
+        }
+        self.unmap_msg(first);
+        self.msgs[first as usize].orphan = true;
+        let r = self.find_posted(p, self.msgs[first as usize].match_bits);
+        if r != NIL {
+            self.recv_links.remove(&mut self.posted, r);
+            self.bind(now, first, r);
+        } else {
+            self.queue_unexpected(first);
         }
     }
 
