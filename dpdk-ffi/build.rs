@@ -125,7 +125,6 @@ fn main() {
         .allowlist_function("rte_eth_dev_adjust_nb_rx_tx_desc")
         .allowlist_function("rte_eth_rx_queue_setup")
         .allowlist_function("rte_eth_tx_queue_setup")
-        .allowlist_function("rte_eth_tx_done_cleanup")
         .allowlist_function("rte_eth_dev_socket_id")
         .allowlist_function("rte_eth_dev_start")
         .allowlist_function("rte_eth_dev_stop")

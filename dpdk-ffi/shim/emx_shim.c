@@ -476,6 +476,18 @@ uint16_t rte_eth_tx_burst_(uint16_t port_id, uint16_t queue_id,
 	return n;
 }
 
+int rte_eth_tx_done_cleanup_(uint16_t port_id, uint16_t queue_id,
+			     uint32_t free_cnt)
+{
+	/* The driver puts the mbufs back into their pools, which may be any
+	 * pools, retired ones too: marked, as every other put is. */
+	struct emx_burst_slot *s = emx_burst_enter();
+	int n = rte_eth_tx_done_cleanup(port_id, queue_id, free_cnt);
+
+	emx_burst_leave(s);
+	return n;
+}
+
 struct rte_mbuf *rte_pktmbuf_alloc_(struct rte_mempool *mp)
 {
 	return rte_pktmbuf_alloc(mp);

@@ -35,6 +35,10 @@ uint16_t rte_eth_rx_burst_(uint16_t port_id, uint16_t queue_id,
 			   struct rte_mbuf **rx_pkts, uint16_t nb_pkts);
 uint16_t rte_eth_tx_burst_(uint16_t port_id, uint16_t queue_id,
 			   struct rte_mbuf **tx_pkts, uint16_t nb_pkts);
+/* Frees the transmitted mbufs a driver still holds, into their pools: marked
+ * as a burst is (see emx_shim.c, "Mbuf frees, marked as the bursts are"). */
+int rte_eth_tx_done_cleanup_(uint16_t port_id, uint16_t queue_id,
+			     uint32_t free_cnt);
 
 /* Packet mbufs. */
 struct rte_mbuf *rte_pktmbuf_alloc_(struct rte_mempool *mp);

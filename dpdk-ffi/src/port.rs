@@ -734,7 +734,10 @@ impl TxQueue {
     /// tap and other virtual ports free at transmit, and need none).
     pub fn reclaim(&mut self) -> Option<u32> {
         // SAFETY: this queue is owned by self alone (TxQueue is not Sync),
-        // and the call touches only its transmit ring; 0: free all it can.
+        // and the call touches only its transmit ring and the pools of the
+        // mbufs it frees, through the shim's wrapper, which marks the puts
+        // as a burst's (a pool retired meanwhile waits for them, as for a
+        // burst's); 0: free all it can.
         let n = unsafe { sys::rte_eth_tx_done_cleanup(self.port_id, self.queue, 0) };
         u32::try_from(n).ok()
     }

@@ -17,6 +17,7 @@ include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 pub use self::rte_errno_ as rte_errno;
 pub use self::rte_eth_rx_burst_ as rte_eth_rx_burst;
 pub use self::rte_eth_tx_burst_ as rte_eth_tx_burst;
+pub use self::rte_eth_tx_done_cleanup_ as rte_eth_tx_done_cleanup;
 pub use self::rte_lcore_id_ as rte_lcore_id;
 pub use self::rte_mbuf_ext_refcnt_update_ as rte_mbuf_ext_refcnt_update;
 pub use self::rte_mbuf_has_extbuf_ as rte_mbuf_has_extbuf;
