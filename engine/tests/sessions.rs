@@ -673,3 +673,37 @@ fn messages_acknowledged_behind_a_lost_one_are_kept_when_their_peer_is_given_up(
     assert!(sim.core_ref(0).owes_nothing());
     assert_eq!(sim.core_ref(0).outstanding(), 0);
 }
+
+/// A message kept from a peer given up, taken after `reconnect` while the
+/// peer has not answered (its session not started): giving its credit back
+/// owes the peer no acknowledgement, which nothing could send before the
+/// session starts (and the session's first frames carry the credit anyway).
+/// One was owed for ever when the peer never answered, and an endpoint's
+/// close lingered its whole second.
+#[test]
+fn a_kept_message_taken_before_a_reconnected_peer_answers_owes_it_nothing() {
+    let mut sim = kept_from_a_dead_peer();
+    // Node 0's greeting is lost, and node 1 stays silent.
+    sim.set_blocked(0, 1, true);
+    let now = sim.now();
+    assert!(sim.core(0).reconnect(now, PeerId(0)));
+    sim.core(0)
+        .post_recv(now, None, 3, !0, vec![0; 8], 30)
+        .unwrap();
+    match &drain(&mut sim)[..] {
+        [(0, Completion::Recv(r))] => assert_eq!(r.ctx, 30),
+        other => panic!("unexpected completions {other:?}"),
+    }
+    sim.run_until(now + Duration::from_millis(100), |_| false);
+    assert!(
+        sim.core_ref(0).owes_nothing(),
+        "an acknowledgement owed to a peer with no session"
+    );
+    // The session still comes up once the peer answers, and carries
+    // messages both ways.
+    sim.set_blocked(0, 1, false);
+    sim.set_blocked(1, 0, false);
+    transfer(&mut sim, 0, 1, 3000, 7);
+    assert!(until_both_up(&mut sim), "the sessions did not come back");
+    transfer(&mut sim, 1, 0, 3000, 8);
+}

@@ -230,10 +230,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     pub(crate) fn return_credit(&mut self, now: Time, p: u16, c: u64) {
         let peer = &mut self.peers[p as usize];
         peer.credit_released = peer.credit_released.wrapping_add(c as u32);
-        if peer.dead {
+        if peer.dead || peer.epoch == 0 {
             // A message kept from a session that is over: nobody to tell
-            // (an ack owed to a dead peer is never sent, and would keep
-            // `owes_nothing` false for good).
+            // (an ack owed to a dead peer, or to one reconnected that has
+            // not answered yet, cannot be sent, and would keep
+            // `owes_nothing` false for good; the next session's frames
+            // carry the credit).
             return;
         }
         let limit = peer.credit_released.wrapping_add(self.peer_credit as u32);
