@@ -443,7 +443,8 @@ pub struct Lend {
 
 impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Creates a core for endpoint `local` with Ethernet address `mac`, in session epoch
-    /// `epoch` (non-zero, and higher than any epoch this endpoint had before). Every table
+    /// `epoch` (non-zero, and higher than any epoch this endpoint had before, those it
+    /// moved to toward a peer it gave up included: one more per give-up). Every table
     /// is allocated here, sized by `cfg`; nothing is allocated afterwards. `now` is the
     /// creation time; the core starts idle, so nothing is scheduled from it yet.
     pub fn new(

@@ -227,8 +227,12 @@ pub struct EngineConfig {
     /// one thread drives them all, and each gets its own rings.
     #[serde(default = "default_endpoints")]
     pub endpoints: Vec<u8>,
-    /// Session epoch; a fresh one per start when unset (a restarted node must
-    /// come back with a new epoch).
+    /// Session epoch; a fresh one per start, from the clock, when unset. A
+    /// restarted node must come back with an epoch above every one it had
+    /// before, and giving up on a peer moves its epoch toward that peer one
+    /// up each time (so that the peer takes it for a restart): a boot counter
+    /// given here must step past those, `boot << 16` say, or a peer may take
+    /// the restarted node for the one it knew.
     #[serde(default)]
     pub epoch: Option<u32>,
     /// Progress mode.
