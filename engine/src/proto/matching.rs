@@ -344,13 +344,19 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 break;
             }
             self.peers[p as usize].next_match = next.wrapping_add(1);
-            let r = self.find_posted(p, self.msgs[m as usize].match_bits);
-            if r != NIL {
-                self.recv_links.remove(&mut self.posted, r);
-                self.bind(now, m, r);
-            } else {
-                self.queue_unexpected(m);
-            }
+            self.match_in_turn(now, p, m);
+        }
+    }
+
+    /// Message `m` of `p`, its peer's next in turn: bound to the first
+    /// posted receive that takes it, or queued as unexpected.
+    pub(crate) fn match_in_turn(&mut self, now: Time, p: u16, m: u32) {
+        let r = self.find_posted(p, self.msgs[m as usize].match_bits);
+        if r != NIL {
+            self.recv_links.remove(&mut self.posted, r);
+            self.bind(now, m, r);
+        } else {
+            self.queue_unexpected(m);
         }
     }
 

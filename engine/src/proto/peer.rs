@@ -427,13 +427,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         self.unmap_msg(first);
         self.msgs[first as usize].orphan = true;
-        let r = self.find_posted(p, self.msgs[first as usize].match_bits);
-        if r != NIL {
-            self.recv_links.remove(&mut self.posted, r);
-            self.bind(now, first, r);
-        } else {
-            self.queue_unexpected(first);
-        }
+        self.match_in_turn(now, p, first);
     }
 
     pub(crate) fn free_frames(&mut self, p: u16) {
