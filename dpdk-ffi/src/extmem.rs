@@ -309,6 +309,9 @@ impl ExtMem {
 
     /// Like [`buffer`](Self::buffer); `on_release` runs once, when the buffer
     /// and every mbuf attached from it are gone and the range is free again.
+    /// It runs on whichever thread freed the last of them, a polling thread
+    /// inside a burst or DPDK's interrupt thread included, from a C callback:
+    /// it must not block for long, and a panic in it aborts the process.
     pub fn buffer_with(
         &self,
         offset: usize,

@@ -163,6 +163,8 @@ impl Mbuf {
     }
 
     /// Grows the data of the last segment by `len` bytes and returns them.
+    /// They hold whatever the buffer held before (an earlier packet's bytes):
+    /// write all of them before the packet leaves.
     pub fn append(&mut self, len: usize) -> Result<&mut [u8]> {
         let last = self.last_segment();
         // SAFETY: last is a segment of the chain self owns.
@@ -198,7 +200,8 @@ impl Mbuf {
     }
 
     /// Grows the data of the first segment by `len` bytes at the front (into the
-    /// headroom) and returns them: where a header is written in place.
+    /// headroom) and returns them: where a header is written in place. Like
+    /// [`append`](Self::append)'s, they hold what the buffer held before.
     pub fn prepend(&mut self, len: usize) -> Result<&mut [u8]> {
         let m = self.raw();
         if m.ol_flags & SHARED_DATA_FLAGS != 0 || m.refcnt != 1 {
