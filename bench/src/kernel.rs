@@ -195,11 +195,24 @@ pub fn stream(
     pair: &VethPair,
     proto: Proto,
     msg: usize,
-    warmup: Duration,
-    duration: Duration,
+    pace: StreamPace,
     cores: (Option<CoreId>, Option<CoreId>),
 ) -> Result<StreamResult, String> {
-    run_streams(pair, proto, msg, warmup, duration, cores, &[(0, 1)])
+    run_streams(pair, proto, msg, pace, cores, &[(0, 1)])
+}
+
+/// How long a kernel stream runs.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamPace {
+    /// Sent before the receivers start measuring.
+    pub warmup: Duration,
+    /// Measured time.
+    pub duration: Duration,
+    /// At most this many messages per direction (`--iters`): the stream
+    /// then is measured whole, from the senders' start to the last arrival,
+    /// as a short TCP stream arrives in too few reads to be timed by its
+    /// arrivals.
+    pub max_msgs: Option<u64>,
 }
 
 /// Both directions at once: namespace 0 streams to namespace 1 and 1 to 0,
@@ -211,11 +224,10 @@ pub fn bibw(
     pair: &VethPair,
     proto: Proto,
     msg: usize,
-    warmup: Duration,
-    duration: Duration,
+    pace: StreamPace,
     cores: (Option<CoreId>, Option<CoreId>),
 ) -> Result<StreamResult, String> {
-    run_streams(pair, proto, msg, warmup, duration, cores, &[(0, 1), (1, 0)])
+    run_streams(pair, proto, msg, pace, cores, &[(0, 1), (1, 0)])
 }
 
 /// Rejects message sizes the transport cannot carry as one message.
@@ -681,14 +693,18 @@ fn run_streams(
     pair: &VethPair,
     proto: Proto,
     msg: usize,
-    warmup: Duration,
-    duration: Duration,
+    pace: StreamPace,
     cores: (Option<CoreId>, Option<CoreId>),
     dirs: &[(usize, usize)],
 ) -> Result<StreamResult, String> {
     // Senders send through the warm-up and the measured time; receivers
     // measure from `warmup` after their first arrival, on one clock.
     let base = Instant::now();
+    let StreamPace {
+        warmup,
+        duration,
+        max_msgs,
+    } = pace;
     let sending = warmup + duration;
     if msg == 0 {
         return Err("streaming needs messages of at least 1 byte".to_string());
@@ -751,7 +767,7 @@ fn run_streams(
                     d,
                     ctl,
                     &ready_tx,
-                    sending,
+                    (sending, max_msgs),
                 )
             }));
         }
@@ -771,6 +787,8 @@ fn run_streams(
                 }
             }
         }
+        // When the senders start, on the receivers' clock.
+        let go_ns = base.elapsed().as_nanos() as u64;
         if setup.is_ok() {
             ctl.go.store(true, Ordering::Release);
         } else {
@@ -798,7 +816,17 @@ fn run_streams(
                 .unwrap_or_else(|_| Err("stream receiver panicked".to_string()))
             {
                 Ok(r) => {
-                    let (m, first, last) = r.measured();
+                    let (mut m, mut first, mut last) = r.measured();
+                    if max_msgs.is_some() {
+                        // Cut short by --iters: measured whole, from the
+                        // senders' start.
+                        m = crate::session::Stream {
+                            bytes: r.arrived_bytes,
+                            msgs: r.arrived,
+                            secs: 0.0,
+                        };
+                        (first, last) = (go_ns, r.last_arrival());
+                    }
                     // Messages measured and in all: a datagram each, or whole
                     // messages of the TCP byte stream.
                     let (measured, all) = match proto {
@@ -932,7 +960,7 @@ fn stream_sender(
     dir: usize,
     ctl: &StreamCtl,
     ready_tx: &mpsc::Sender<Result<(), String>>,
-    duration: Duration,
+    (duration, max_msgs): (Duration, Option<u64>),
 ) -> Result<u64, String> {
     /// Marks the direction's sender done however the sender returns.
     struct Done<'a>(&'a AtomicBool);
@@ -984,7 +1012,8 @@ fn stream_sender(
     let buf = vec![0xa5u8; len];
     let start = Instant::now();
     let mut sent = 0u64;
-    while start.elapsed() < duration && !ctl.abort.load(Ordering::Relaxed) {
+    let limit = max_msgs.unwrap_or(u64::MAX);
+    while sent < limit && start.elapsed() < duration && !ctl.abort.load(Ordering::Relaxed) {
         match &mut sock {
             Sock::Tcp(c) => {
                 c.write_all(&buf)
@@ -1234,18 +1263,46 @@ mod tests {
         );
     }
 
+    /// 20 ms of warm-up, 200 measured.
+    const PACED: StreamPace = StreamPace {
+        warmup: Duration::from_millis(20),
+        duration: Duration::from_millis(200),
+        max_msgs: None,
+    };
+
+    /// A stream cut short by a message count sends that many, and is
+    /// measured whole from the senders' start: a 40-message TCP stream
+    /// arrives in a read or two, which its arrivals alone cannot time.
+    #[test]
+    fn streams_of_a_few_messages() {
+        let pair = pair();
+        let few = StreamPace {
+            max_msgs: Some(40),
+            ..PACED
+        };
+        for (proto, size) in [(Proto::Tcp, 64), (Proto::Tcp, 64 << 10), (Proto::Udp, 1000)] {
+            let r = stream(&pair, proto, size, few, (None, None)).expect("stream");
+            assert_eq!(r.sent, 40, "{proto:?} {size}: {r:?}");
+            assert!(
+                r.received <= 40 && r.received > 0,
+                "{proto:?} {size}: {r:?}"
+            );
+            assert_eq!(r.msgs, r.received, "{proto:?} {size}: {r:?}");
+            assert_eq!(r.bytes, r.msgs * size as u64, "{proto:?} {size}: {r:?}");
+            assert!(
+                r.seconds > 0.0 && r.seconds < 1.0,
+                "{proto:?} {size}: {r:?}"
+            );
+        }
+        let b = bibw(&pair, Proto::Tcp, 4096, few, (None, None)).expect("bibw");
+        assert_eq!((b.sent, b.received, b.msgs), (80, 80, 80), "{b:?}");
+        assert!(b.seconds > 0.0, "{b:?}");
+    }
+
     #[test]
     fn tcp_stream_200ms() {
         let pair = pair();
-        let r = stream(
-            &pair,
-            Proto::Tcp,
-            64 << 10,
-            Duration::from_millis(20),
-            Duration::from_millis(200),
-            (None, None),
-        )
-        .expect("TCP stream");
+        let r = stream(&pair, Proto::Tcp, 64 << 10, PACED, (None, None)).expect("TCP stream");
         assert!(r.bytes > 0);
         assert!(r.seconds > 0.05 && r.seconds < 5.0, "{r:?}");
         assert!(r.sent > 0 && r.received <= r.sent, "{r:?}");
@@ -1266,15 +1323,7 @@ mod tests {
     #[test]
     fn udp_stream_and_bibw() {
         let pair = pair();
-        let r = stream(
-            &pair,
-            Proto::Udp,
-            1472,
-            Duration::from_millis(20),
-            Duration::from_millis(200),
-            (None, None),
-        )
-        .expect("UDP stream");
+        let r = stream(&pair, Proto::Udp, 1472, PACED, (None, None)).expect("UDP stream");
         assert!(r.received > 0 && r.received <= r.sent, "{r:?}");
         assert!(r.msgs > 0 && r.msgs < r.received, "{r:?}");
         assert_eq!(r.bytes, r.msgs * 1472);
@@ -1284,15 +1333,7 @@ mod tests {
             r.sent - r.received,
             r.sent
         );
-        let b = bibw(
-            &pair,
-            Proto::Tcp,
-            64 << 10,
-            Duration::from_millis(20),
-            Duration::from_millis(200),
-            (None, None),
-        )
-        .expect("TCP bibw");
+        let b = bibw(&pair, Proto::Tcp, 64 << 10, PACED, (None, None)).expect("TCP bibw");
         assert!(b.bytes > 0 && b.seconds > 0.05, "{b:?}");
         eprintln!("TCP bibw 64 KiB: {:.2} Gbit/s", gbit(&b));
     }

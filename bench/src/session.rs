@@ -213,6 +213,11 @@ impl Tally {
         }
     }
 
+    /// When the last arrival came (0: none came).
+    pub(crate) fn last_arrival(&self) -> u64 {
+        self.all.last
+    }
+
     /// What is measured: bytes and messages after the clock started, and the
     /// TSC of its start and of the last arrival.
     pub(crate) fn measured(&self) -> (Stream, u64, u64) {
