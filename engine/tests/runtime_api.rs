@@ -1653,3 +1653,38 @@ fn a_dead_peer_is_learnt_again_on_a_new_mac() {
     assert!(!p.down && p.mac == new_mac, "{p:?}");
     drop((a, b, ea, eb));
 }
+
+/// A spent handle among `wait_any`'s is an error wherever it stands: it was
+/// one only before the first request that had finished, so the same call
+/// failed or took a completion by the handles' order.
+#[test]
+fn wait_any_refuses_a_spent_handle_wherever_it_stands() {
+    for mode in [ProgressMode::Inline, thread_mode()] {
+        let (_ea, _eb, mut a, mut b) = joined(&mode);
+        // Both driven (inline, neither acts otherwise) until b's `r` is done.
+        let until_done = |a: &mut Endpoint, b: &mut Endpoint, r| {
+            let t0 = Instant::now();
+            while !b.is_done(r).unwrap() {
+                a.progress();
+                b.progress();
+                assert!(t0.elapsed() < Duration::from_secs(5), "{mode:?}");
+            }
+        };
+        let spent = b.irecv(None, 1, !0, vec![0; 8]).unwrap();
+        a.isend(b.local(), 1, vec![1; 8]).unwrap();
+        until_done(&mut a, &mut b, spent);
+        b.wait(spent).unwrap();
+        let r = b.irecv(None, 2, !0, vec![0; 8]).unwrap();
+        a.isend(b.local(), 2, vec![2; 8]).unwrap();
+        until_done(&mut a, &mut b, r);
+        for reqs in [[spent, r], [r, spent]] {
+            assert!(
+                matches!(b.wait_any(&reqs), Err(Error::UnknownRequest)),
+                "{mode:?} {reqs:?}"
+            );
+        }
+        // Still there to take.
+        let (buf, _) = b.wait(r).unwrap().into_recv().unwrap();
+        assert_eq!(buf.as_ref(), &[2; 8][..], "{mode:?}");
+    }
+}

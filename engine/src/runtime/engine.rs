@@ -1757,6 +1757,8 @@ impl Endpoint {
     }
 
     /// Waits until one of `reqs` finishes; returns its index and completion.
+    /// Every handle must be live: one already taken (or of another endpoint)
+    /// is [`Error::UnknownRequest`] wherever it stands among them.
     pub fn wait_any(&mut self, reqs: &[Request]) -> Result<(usize, Completed), Error> {
         self.wait_until(reqs, None)
             .map(|c| c.expect("a wait without a timeout ends with a completion"))
@@ -1790,7 +1792,8 @@ impl Endpoint {
     }
 
     /// Waits until one of `reqs` finishes, or for `timeout`: `None` when none
-    /// has by then.
+    /// has by then. Every handle must be live, as for
+    /// [`wait_any`](Self::wait_any).
     pub fn wait_any_timeout(
         &mut self,
         reqs: &[Request],
@@ -1852,14 +1855,17 @@ impl Endpoint {
         }
     }
 
-    /// The first of `reqs` that finished, taken.
+    /// The first of `reqs` that finished, taken. Each is looked at, so that a
+    /// spent handle is an error wherever it stands (not only before the
+    /// first that finished).
     fn take_first_done(&mut self, reqs: &[Request]) -> Result<Option<(usize, Completed)>, Error> {
+        let mut first = None;
         for (i, r) in reqs.iter().enumerate() {
-            if self.requests.is_done(*r)? {
-                return Ok(Some((i, self.requests.take_done(*r))));
+            if self.requests.is_done(*r)? && first.is_none() {
+                first = Some(i);
             }
         }
-        Ok(None)
+        Ok(first.map(|i| (i, self.requests.take_done(reqs[i]))))
     }
 
     fn idle(&mut self, spins: &mut u32) {
