@@ -102,6 +102,9 @@ compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$WORK/compose.yml" "$@"; }
 
 cleanup() {
     local rc=$?
+    # A second Ctrl-C must not cut the teardown short (it ended the wait for
+    # the daemons and exited, before anything was removed).
+    trap '' INT TERM
     if [ "$rc" != 0 ]; then
         say "FAILED; container logs:"
         compose logs --tail 20 2>/dev/null || true

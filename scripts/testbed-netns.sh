@@ -49,6 +49,9 @@ say() { echo "testbed: $*"; }
 
 cleanup() {
     local rc=$?
+    # A second Ctrl-C must not cut the teardown short (it ended the wait for
+    # the daemons and exited, before anything was removed).
+    trap '' INT TERM
     for i in "${!PID[@]}"; do kill -TERM "${PID[$i]}" 2>/dev/null || true; done
     for i in "${!PID[@]}"; do wait "${PID[$i]}" 2>/dev/null || true; done
     for i in $(seq 1 "$N"); do ip netns del "${TAG}n$i" 2>/dev/null || true; done

@@ -95,6 +95,90 @@ fn namespace_testbed_3_nodes() {
     );
 }
 
+/// A second Ctrl-C while the namespace testbed tears down does not cut the
+/// teardown short: the namespaces, the bridge and the work directory go.
+/// (The INT trap stayed set during the teardown, so a second signal ended
+/// its `wait` for the daemons and exited before anything was removed.) The
+/// daemons here are stand-ins that ignore SIGTERM and SIGINT for 3 s, which
+/// holds the teardown in that wait.
+#[test]
+fn namespace_testbed_interrupted_twice_still_cleans_up() {
+    use nix::sys::signal::{killpg, Signal};
+    use nix::unistd::Pid;
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the namespace testbed needs root (network namespaces): run the tests as root"
+    );
+    let dir = std::env::temp_dir().join(format!("emx-tb-int-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let slow = dir.join("slow-emxd");
+    std::fs::write(&slow, "#!/bin/bash\ntrap '' TERM INT\nsleep 3\n").unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(&slow, mode).unwrap();
+    let mut child = Command::new("bash")
+        .arg(root().join("scripts/testbed-netns.sh"))
+        .arg("2")
+        .env("EMXD", &slow)
+        .env("EMXCTL", "true")
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run bash");
+    let pid = child.id();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("making") {
+        line.clear();
+    }
+    assert!(
+        line.contains("making"),
+        "the testbed did not start: {line:?}"
+    );
+    // Its stand-in daemons started; it waits for their sockets.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let group = Pid::from_raw(pid as i32);
+    killpg(group, Signal::SIGINT).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let _ = killpg(group, Signal::SIGINT);
+    let status = child.wait().unwrap();
+    let tag = format!("emxt{pid}");
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let left: Vec<String> = String::from_utf8_lossy(&netns.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&tag))
+        .map(str::to_owned)
+        .collect();
+    let br = Command::new("ip")
+        .args(["link", "show", &format!("{tag}br")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let work = std::fs::read_dir("/tmp")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("emx-testbed.{pid}."))
+        });
+    // (What a failed teardown left goes now, for the next tests.)
+    for ns in &left {
+        let _ = Command::new("ip").args(["netns", "del", ns]).status();
+    }
+    let _ = Command::new("ip")
+        .args(["link", "del", &format!("{tag}br")])
+        .status();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(
+        left.is_empty() && !br && !work,
+        "left behind: namespaces {left:?}, bridge {br}, work directory {work}"
+    );
+}
+
 /// A child that has exited and is not reaped yet: its pid names a process
 /// that is gone, which `kill -0` still finds. Reap it with `wait`.
 fn zombie() -> std::process::Child {
