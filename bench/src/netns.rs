@@ -208,11 +208,11 @@ impl Drop for VethPair {
     /// Deletes both namespaces (the veth goes with them), ignoring errors, and
     /// unregisters them from the signal cleanup.
     fn drop(&mut self) {
-        for name in &self.ns {
-            delete_namespace(name);
-        }
+        let gone: Vec<&String> = self.ns.iter().filter(|n| delete_namespace(n)).collect();
+        // One not deleted stays registered: the signal cleanup, or the next
+        // run's sweep, tries it again.
         let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
-        reg.retain(|n| !self.ns.contains(n));
+        reg.retain(|n| !gone.contains(&n));
     }
 }
 
@@ -249,13 +249,21 @@ pub fn cleanup_on_signal() {
                     // Held until exit: a pair being made now cannot register
                     // names that this loop would miss.
                     let reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
-                    for name in reg.iter() {
-                        delete_namespace(name);
-                    }
-                    if !reg.is_empty() {
+                    let (gone, kept): (Vec<&String>, Vec<&String>) =
+                        reg.iter().partition(|n| delete_namespace(n));
+                    let names =
+                        |v: &[&String]| v.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ");
+                    if !gone.is_empty() {
                         eprintln!(
                             "emx-bench: signal {sig}: removed network namespaces {}",
-                            reg.join(", ")
+                            names(&gone)
+                        );
+                    }
+                    if !kept.is_empty() {
+                        eprintln!(
+                            "emx-bench: signal {sig}: could not remove network namespaces {} \
+                             (the next veth run removes them, or `ip netns delete` them)",
+                            names(&kept)
                         );
                     }
                     // As a shell reports death by the signal.
@@ -282,9 +290,20 @@ fn format_mac(mac: &[u8; 6]) -> String {
         .join(":")
 }
 
+/// An `ip` command in a process group of its own: a Ctrl-C at the terminal
+/// (sent to the terminal's whole group) reaches emx-bench, whose cleanup
+/// then deletes what it made, and not the `ip` commands under way, which it
+/// would kill half done (a second Ctrl-C killed the cleanup's own).
+fn ip_command() -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new("ip");
+    c.process_group(0);
+    c
+}
+
 /// Checks that iproute2's `ip` can be run.
 fn check_ip_tool() -> Result<(), String> {
-    match Command::new("ip").arg("-V").output() {
+    match ip_command().arg("-V").output() {
         Ok(out) if out.status.success() => Ok(()),
         Ok(out) => Err(format!(
             "`ip -V` failed ({}): install iproute2",
@@ -303,7 +322,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
     if *gate {
         return Err("stopping on a signal".to_string());
     }
-    let out = Command::new("ip").args(args).output();
+    let out = ip_command().args(args).output();
     drop(gate);
     let out = out.map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -330,9 +349,11 @@ fn namespace_exists(name: &str) -> bool {
     std::path::Path::new(NETNS_DIR).join(name).exists()
 }
 
-/// Deletes namespace `name`, ignoring errors (it may not exist).
-fn delete_namespace(name: &str) {
-    let _ = Command::new("ip").args(["netns", "delete", name]).output();
+/// Deletes namespace `name`, ignoring errors (it may not exist); whether it
+/// is gone.
+fn delete_namespace(name: &str) -> bool {
+    let _ = ip_command().args(["netns", "delete", name]).output();
+    !namespace_exists(name)
 }
 
 /// Owner pid of a namespace name made by this module, if it is one.
