@@ -370,10 +370,23 @@ fn owner_pid(name: &str) -> Option<i32> {
     (shape_ok && pid > 0).then_some(pid)
 }
 
-/// Whether process `pid` exists (in this pid namespace).
+/// Whether process `pid` runs (in this pid namespace): it exists and is no
+/// zombie (one killed outright whose parent has not reaped it yet, a test
+/// runner's timeout say, is over; the testbed scripts' `run_over` says the
+/// same).
 fn pid_alive(pid: i32) -> bool {
     // Signal 0 only checks that the process exists.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) != Err(nix::errno::Errno::ESRCH)
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+        == Err(nix::errno::Errno::ESRCH)
+    {
+        return false;
+    }
+    // The state is the field after the last ')' (the name may hold any).
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+        st.rsplit(')')
+            .next()
+            .is_none_or(|rest| !rest.trim_start().starts_with('Z'))
+    })
 }
 
 /// Removes namespaces `emxb-<pid>-<n>-<side>` left by processes that are dead.
@@ -570,21 +583,39 @@ mod tests {
         if !nix::unistd::geteuid().is_root() {
             panic!("{NEED_ROOT}");
         }
-        // A pid that is dead: a child that has exited and been reaped.
+        // Pids that are dead: a child that has exited and been reaped, and
+        // one that has exited and is not reaped yet (a zombie).
         let mut child = Command::new("true").spawn().expect("spawn true");
         let dead = child.id();
         child.wait().unwrap();
-        let stale = format!("{NS_PREFIX}{dead}-0-0");
-        ip(&["netns", "add", &stale]).expect("make a stale namespace");
-        assert!(namespace_exists(&stale));
+        let mut zombie = Command::new("true").spawn().expect("spawn true");
+        let t = Instant::now();
+        let stat = format!("/proc/{}/stat", zombie.id());
+        while !std::fs::read_to_string(&stat)
+            .unwrap_or_default()
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+        {
+            assert!(t.elapsed() < Duration::from_secs(5), "no zombie");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let stale: Vec<String> = [dead, zombie.id()]
+            .iter()
+            .map(|pid| format!("{NS_PREFIX}{pid}-0-0"))
+            .collect();
+        for ns in &stale {
+            ip(&["netns", "add", ns]).expect("make a stale namespace");
+            assert!(namespace_exists(ns));
+        }
         let pair = VethPair::create(1500).expect("create veth pair");
-        let gone = !namespace_exists(&stale);
-        delete_namespace(&stale);
+        let left: Vec<&String> = stale.iter().filter(|ns| namespace_exists(ns)).collect();
+        for ns in &stale {
+            delete_namespace(ns);
+        }
         drop(pair);
-        assert!(
-            gone,
-            "stale namespace {stale} of dead pid {dead} was not removed"
-        );
+        zombie.wait().unwrap();
+        assert!(left.is_empty(), "stale namespaces not removed: {left:?}");
     }
 
     /// A helper process's line to the test that runs it, straight to fd 1:
