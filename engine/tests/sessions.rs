@@ -358,18 +358,20 @@ fn partition_where_both_sides_gave_up_heals_on_reconnect() {
 /// Node 0 waits on node 1 and no longer hears it (node 1 still hears node
 /// 0, but waits on nothing, so it does not give node 0 up), until node 0
 /// declares node 1 unreachable.
-fn node_0_gives_node_1_up(sim: &mut TestSim) {
+fn node_0_gives_node_1_up(sim: &mut TestSim) -> Vec<(usize, TestCompletion)> {
     let now = sim.now();
     sim.core(0)
         .post_recv(now, Some(addr(1)), 9, !0, vec![0; 8], 90)
         .unwrap();
     sim.set_blocked(1, 0, true);
-    let mut failed = Vec::new();
+    let mut done = Vec::new();
     sim.run_until(now + Duration::from_secs(1), |sim| {
-        failed.extend(drain(sim));
-        !failed.is_empty()
+        done.extend(drain(sim));
+        sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead
     });
     assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+    done.extend(drain(sim));
+    done
 }
 
 #[test]
@@ -629,20 +631,10 @@ fn messages_acknowledged_behind_a_lost_one_are_kept_when_their_peer_is_given_up(
     assert_eq!(sent, [3, 4], "acknowledged behind the lost one");
     // Node 0 gives node 1 up (a receive naming it, and a link that stays
     // cut from node 1) before the lost frame comes again.
-    let now = sim.now();
-    sim.core(0)
-        .post_recv(now, Some(addr(1)), 9, !0, vec![0; 8], 90)
-        .unwrap();
-    sim.set_blocked(1, 0, true);
-    let mut got = Vec::new();
-    sim.run_until(now + Duration::from_secs(1), |sim| {
-        got.extend(drain(sim).into_iter().filter(|(k, _)| *k == 0));
-        sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead
-    });
-    assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
-    got.extend(drain(&mut sim).into_iter().filter(|(k, _)| *k == 0));
+    let got = node_0_gives_node_1_up(&mut sim);
     let mut recvs: Vec<_> = got
         .into_iter()
+        .filter(|(k, _)| *k == 0)
         .map(|(_, c)| match c {
             Completion::Recv(r) => (r.ctx, r.result.map(|i| r.buf[..i.copied as usize].to_vec())),
             other => panic!("unexpected completion {other:?}"),
