@@ -53,5 +53,18 @@ else
     echo "build-image: built emx-node:$hash" >&2
 fi
 docker tag "emx-node:$hash" emx-node:latest
+# Each change of the code makes an image (about 35 MB): earlier builds' go
+# once they are EMX_IMAGE_KEEP_S old (a day by default) and no container
+# uses them (docker rmi refuses those; a kept testbed's stay).
+keep_s=${EMX_IMAGE_KEEP_S:-86400}
+now=$(date +%s)
+for img in $(docker image ls emx-node --format '{{.Repository}}:{{.Tag}}'); do
+    if [ "$img" = "emx-node:$hash" ] || [ "$img" = emx-node:latest ]; then continue; fi
+    created=$(docker image inspect -f '{{.Created}}' "$img" 2>/dev/null) || continue
+    made=$(date -d "$created" +%s 2>/dev/null) || continue
+    if [ $((now - made)) -ge "$keep_s" ] && docker rmi "$img" >/dev/null 2>&1; then
+        echo "build-image: removed $img, an earlier build's" >&2
+    fi
+done
 echo "build-image: done in $(( $(date +%s) - start )) s ($(du -sh "$ctx/rootfs" | cut -f1) image)" >&2
 echo "emx-node:$hash" >&3

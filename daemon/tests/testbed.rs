@@ -270,6 +270,47 @@ fn docker_testbed_3_nodes() {
     );
 }
 
+/// The image build removes earlier builds' images once they are old enough
+/// (`EMX_IMAGE_KEEP_S`, here 0) and no container uses them: one was left for
+/// every change of the code. The image just built, and one a container
+/// still uses, stay.
+#[test]
+fn earlier_node_images_are_removed() {
+    if !docker_and_compose("earlier_node_images_are_removed") {
+        return;
+    }
+    let tag = |what: &str| format!("emx-node:0e{what}{}", std::process::id());
+    let (old, used) = (tag("01d"), tag("05ed"));
+    let dir = std::env::temp_dir().join(format!("emx-img-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("Dockerfile"), "FROM scratch\nCOPY f /f\n").unwrap();
+    std::fs::write(dir.join("f"), "earlier").unwrap();
+    for t in [&old, &used] {
+        assert!(docker(&["build", "-q", "-t", t, dir.to_str().unwrap()]).0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let container = format!("emx-img-user-{}", std::process::id());
+    assert!(docker(&["create", "--name", &container, &used, "/f"]).0);
+    let out = Command::new("bash")
+        .arg(root().join("docker/build-image.sh"))
+        .env("EMX_IMAGE_KEEP_S", "0")
+        .output()
+        .expect("run bash");
+    let built = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let exists = |t: &str| docker(&["image", "inspect", t]).0;
+    let (old_there, used_there, built_there) = (exists(&old), exists(&used), exists(&built));
+    docker(&["rm", "-f", &container]);
+    docker(&["rmi", "-f", &old, &used]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!old_there, "an earlier build's image stayed");
+    assert!(used_there, "an image a container uses was removed");
+    assert!(built_there, "the image just built was removed: {built}");
+}
+
 /// `EMX_KEEP`: the containers stay up, with the files they mount, and the
 /// command the script gives removes them.
 #[test]
