@@ -543,6 +543,17 @@ fn abandoned_checks_end(d: &Daemon) {
     assert!(line.contains("\"passed\":200"), "{line}");
 }
 
+/// The memif server's emxd of a pair in `dir`, started with no client: it
+/// has said it is starting, and waits for its link.
+fn starting_server(dir: &TempDir) -> Daemon {
+    let config = cluster_file(dir, true);
+    let a = Daemon::start(&config, "server", dir, "server.log");
+    wait_for(Duration::from_secs(10), "emxd starting", || {
+        a.log().contains("starting").then_some(())
+    });
+    a
+}
+
 /// A signal while emxd waits for its link (a memif server with no client
 /// yet) stops it at once, exit 0, as one after the start does: it used to be
 /// heeded only when the wait ended (`link_wait_ms`, 10 s by default), and
@@ -550,11 +561,7 @@ fn abandoned_checks_end(d: &Daemon) {
 #[test]
 fn a_signal_during_start_up_stops_emxd() {
     let dir = TempDir::new("startstop");
-    let config = cluster_file(&dir, true);
-    let mut a = Daemon::start(&config, "server", &dir, "server.log");
-    wait_for(Duration::from_secs(10), "emxd starting", || {
-        a.log().contains("starting").then_some(())
-    });
+    let mut a = starting_server(&dir);
     // Past the port's start, into the wait for a client that never comes.
     std::thread::sleep(Duration::from_millis(300));
     a.signal(Signal::SIGTERM);
@@ -572,11 +579,7 @@ fn a_signal_during_start_up_stops_emxd() {
 #[test]
 fn control_requests_while_starting() {
     let dir = TempDir::new("startctl");
-    let config = cluster_file(&dir, true);
-    let mut a = Daemon::start(&config, "server", &dir, "server.log");
-    wait_for(Duration::from_secs(10), "emxd starting", || {
-        a.log().contains("starting").then_some(())
-    });
+    let mut a = starting_server(&dir);
     wait_for(Duration::from_secs(10), "the control socket", || {
         a.control.exists().then_some(())
     });
