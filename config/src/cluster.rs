@@ -414,6 +414,46 @@ impl ClusterConfig {
         Ok(())
     }
 
+    /// Checks that node `id`'s `mac`, when the file gives one, is the address
+    /// its port came up with (`actual`). Peers send to the configured address
+    /// and drop frames from any other, so a wrong one leaves the node up but
+    /// unreachable both ways. Run it once the port is up: a cluster file
+    /// describes other machines too, and some ports (memif) make their address
+    /// up at start.
+    pub fn check_mac(&self, id: u16, actual: [u8; 6]) -> Result<(), ConfigError> {
+        let (i, node) = self.index_of(id)?;
+        match node.mac {
+            Mac::Addr(want) if want != actual => {
+                let made_up = node.port.starts_with("net_memif")
+                    && !node.port.split(',').any(|kv| kv.trim().starts_with("mac="));
+                let fix = if made_up {
+                    format!(
+                        "memif makes its address up at each start unless told: add \
+                         mac={} to the port's devargs, or set mac = \"auto\"",
+                        node.mac
+                    )
+                } else {
+                    format!(
+                        "set mac = \"{}\", or mac = \"auto\" to learn it from the node's frames",
+                        Mac::Addr(actual)
+                    )
+                };
+                Err(self.invalid(
+                    &format!("node[{i}].mac"),
+                    format!(
+                        "node {:?} is configured as {} but its port {:?} came up as {}, so its \
+                         peers would drop its frames and it theirs; {fix}",
+                        node.name,
+                        node.mac,
+                        node.port,
+                        Mac::Addr(actual)
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The engine's configuration for node `id`: its port as the link's
     /// devargs, `[memory]` for the EAL, its endpoints, a polling thread on its
     /// first core (inline progress when it has none), the protocol settings,

@@ -58,8 +58,8 @@
 //! [[node]]
 //! id = 1                          # node number, unique (required)
 //! name = "alpha"                  # unique, 1-64 of A-Z a-z 0-9 . _ -, not starting with '.' or '-', not a number (required)
-//! mac = "02:00:00:00:00:01"       # its port's MAC, or "auto" (required)
-//! port = "net_memif0,role=server,socket=/tmp/emx-memif.sock"  # PCI address or vdev devargs (required)
+//! mac = "02:00:00:00:00:01"       # its port's MAC (emxd checks it), or "auto" (required)
+//! port = "net_memif0,role=server,socket=/tmp/emx-memif.sock,mac=02:00:00:00:00:01"  # PCI address or vdev devargs (required)
 //! mtu = 1500                      # link MTU [the driver's]; memif takes up to 9000
 //! cores = [1]                     # polling cores: a polling thread on the first; none: inline [[]]
 //! spin = false                    # never back off when idle (isolated core; needs cores) [false]

@@ -161,6 +161,55 @@ fn examples_say_what_they_promise() {
         e.contains("node[0].cores[0]: core 2 is out of range"),
         "{e}"
     );
+    // A port that came up with another address than the file's: named, with
+    // the address to set.
+    nic.check_mac(1, [0xb8, 0xce, 0xf6, 0x10, 0, 1]).unwrap();
+    let e = nic
+        .check_mac(1, [0xb8, 0xce, 0xf6, 0x10, 0, 9])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nic-cluster.toml:43: node[0].mac:"), "{e}");
+    assert!(e.contains("came up as b8:ce:f6:10:00:09"), "{e}");
+    assert!(e.contains("set mac = \"b8:ce:f6:10:00:09\""), "{e}");
+}
+
+/// A memif port makes its address up unless its devargs give one: the check
+/// says so, and "auto" never fails it.
+#[test]
+fn check_mac_on_memif() {
+    let text = |mac: &str, port: &str| {
+        format!(
+            "[cluster]\nid = 1\n\n[[node]]\nid = 1\nname = \"a\"\nmac = \"{mac}\"\nport = \"{port}\"\n\n\
+             [[node]]\nid = 2\nname = \"b\"\nmac = \"auto\"\n\
+             port = \"net_memif0,role=client\"\n"
+        )
+    };
+    let c = ClusterConfig::parse(
+        &text("02:00:00:00:00:01", "net_memif0,role=server"),
+        "m.toml",
+    )
+    .unwrap();
+    let e = c
+        .check_mac(1, [0x6a, 1, 2, 3, 4, 5])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("m.toml:7: node[0].mac:"), "{e}");
+    assert!(
+        e.contains("add mac=02:00:00:00:00:01 to the port's devargs"),
+        "{e}"
+    );
+    let c = ClusterConfig::parse(
+        &text(
+            "02:00:00:00:00:01",
+            "net_memif0,role=server,mac=02:00:00:00:00:01",
+        ),
+        "m.toml",
+    )
+    .unwrap();
+    assert!(c.check_mac(1, [0x6a, 1, 2, 3, 4, 5]).is_err());
+    c.check_mac(1, [2, 0, 0, 0, 0, 1]).unwrap();
+    c.check_mac(2, [0x6a, 1, 2, 3, 4, 5]).unwrap();
+    assert!(c.check_mac(3, [2, 0, 0, 0, 0, 1]).is_err());
 }
 
 /// Each broken file: the line, the field, and words of the expectation.

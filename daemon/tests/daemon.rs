@@ -1012,6 +1012,39 @@ fn two_daemons_with_learnt_macs() {
     }
 }
 
+/// A node whose port comes up with another address than its `mac` in the
+/// file (here a memif port whose devargs give none, so DPDK makes one up)
+/// would be up but unreachable: peers send to the file's address, and drop
+/// frames from any other. emxd refuses to run it (exit 2), naming the field
+/// and the fix; it used to say "node up" and let its peers time out.
+#[test]
+fn a_port_that_came_up_with_another_mac_is_a_configuration_error() {
+    let dir = TempDir::new("wrongmac");
+    let config = cluster_file(&dir, true);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replacen(",mac=02:e4:00:00:00:01", "", 1)).unwrap();
+    let mut a = Daemon::start(&config, "server", &dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let mut b = Daemon::start(&config, "client", &dir, "client.log");
+    let status = a.wait(Duration::from_secs(15));
+    let log = a.log();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("node[0].mac: node \"server\" is configured as 02:e4:00:00:00:01"),
+        "{log}"
+    );
+    assert!(
+        log.contains("add mac=02:e4:00:00:00:01 to the port's devargs"),
+        "{log}"
+    );
+    assert!(!log.contains("node up"), "{log}");
+    b.signal(Signal::SIGTERM);
+    b.wait(Duration::from_secs(8));
+}
+
 /// The MAC of a daemon's port, from its status.
 fn port_mac(d: &Daemon) -> Option<String> {
     d.json(&["status"])["link"]["mac"]

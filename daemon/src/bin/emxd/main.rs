@@ -186,6 +186,9 @@ fn run(args: Args) -> Result<(), Failure> {
             spec.name, spec.port
         ))
     })?;
+    // Peers send to the file's address and take frames only from it: a port
+    // that came up with another is a node nobody can reach.
+    cluster.check_mac(spec.id, port.mac()).map_err(config)?;
     // Chosen by the engine from the clock: a restart comes back with a later one.
     let epoch = engine.epoch();
     let region = register_memory(&eal, region_bytes).map_err(|e| {
