@@ -1036,6 +1036,77 @@ fn shutdown_and_close_take_no_deadline() {
     }
 }
 
+/// A send taken before `Engine::shutdown` is sent within its deadline, though
+/// the polling thread sees the stop before it sees the send: the thread used
+/// to close every core with nothing in progress, without looking at what
+/// waited in its submission ring, and then refused those requests (ShutDown,
+/// never sent). Here the polling thread is held in its link's receive while
+/// the send is queued and the stop is asked.
+#[test]
+fn a_shutdown_sends_what_was_queued_before_it() {
+    for queued_recvs in [0usize, 40] {
+        let (ia, ib) = MemNetwork::pair(1500);
+        let (ma, mb) = (ia.mac(), ib.mac());
+        let gate = Arc::new(Mutex::new(()));
+        let held = gate.lock().unwrap();
+        let mut ea = Engine::start(
+            &cfg(1, (2, mb), thread_mode()),
+            Gated {
+                inner: ia,
+                gate: gate.clone(),
+            },
+        )
+        .unwrap();
+        let mut eb = Engine::start(&cfg(2, (1, ma), ProgressMode::Inline), ib).unwrap();
+        let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+        // Let the polling thread reach the held receive.
+        std::thread::sleep(Duration::from_millis(50));
+        // Receives that match nothing, ahead of the send: more than one pass
+        // of the polling thread takes off the ring, and none of them is
+        // "in progress".
+        let recvs: Vec<_> = (0..queued_recvs)
+            .map(|i| {
+                a.irecv(None, 1000 + i as u64, u64::MAX, vec![0u8; 8])
+                    .unwrap()
+            })
+            .collect();
+        let s = a.isend(Addr::new(2, 0), 7, vec![7u8; 64]).unwrap();
+        let stopper = std::thread::spawn(move || ea.shutdown(Duration::from_secs(5)));
+        // The stop is asked while the thread is still held.
+        std::thread::sleep(Duration::from_millis(30));
+        drop(held);
+        let r = b.irecv(None, 7, u64::MAX, vec![0u8; 64]).unwrap();
+        let t0 = Instant::now();
+        let sent = loop {
+            if let Some(c) = a.test(s).unwrap() {
+                break c;
+            }
+            b.progress();
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the send never ended"
+            );
+        };
+        assert!(
+            sent.result.is_ok(),
+            "{queued_recvs} receives queued ahead: {:?}",
+            sent.result
+        );
+        let (buf, _) = b.wait(r).unwrap().into_recv().unwrap();
+        assert_eq!(buf.as_ref(), &[7u8; 64][..]);
+        // The receives nobody matched end with the stop, as they did.
+        for r in recvs {
+            let done = a.wait(r).unwrap();
+            assert!(
+                matches!(done.result, Err(Error::ShutDown)),
+                "{:?}",
+                done.result
+            );
+        }
+        stopper.join().unwrap().unwrap();
+    }
+}
+
 #[test]
 fn full_ring_would_block_and_nothing_is_lost() {
     let (ia, ib) = MemNetwork::pair(1500);

@@ -1238,10 +1238,18 @@ fn poll_thread(
             // never acknowledges.)
             // Each core on its own: one that still drains a send to a slow
             // peer does not keep the others taking messages for nobody.
+            // Not while its submission ring holds requests taken before the
+            // stop: a closing core would refuse them, sends among them, which
+            // the deadline lets finish. (Submissions end with the stop, so
+            // the ring empties; one pushed as the stop lands may still find
+            // the core closed, and is refused then, as it raced the stop.)
             if cores_closing.is_none() {
                 for ep in 0..n_eps {
                     let core = driver.core(ep);
-                    if !core.is_closing() && core.in_progress() == 0 {
+                    if !core.is_closing()
+                        && core.in_progress() == 0
+                        && shared.eps[ep].cmds.is_empty()
+                    {
                         core.begin_close(now);
                     }
                 }
