@@ -4,7 +4,8 @@
 //! Faults apply to frames on their way in (each end that is wrapped sees a
 //! lossy inbound link); wrap both ends to make both directions lossy. Frames
 //! held back (delay, reordering) wait in a bounded queue: when it is full,
-//! frames go through on time rather than memory growing.
+//! the one held longest leaves early (or is dropped, and counted, when the
+//! receive has no room for it) rather than memory growing.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -81,6 +82,11 @@ fn threshold(p: f64) -> u32 {
     (p.clamp(0.0, 1.0) * f64::from(u32::MAX)) as u32
 }
 
+/// A duration in nanoseconds, saturating (past about 584 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Changes the faults of a running [`Faulty`] from any thread.
 #[derive(Clone)]
 pub struct FaultHandle(Arc<Shared>);
@@ -95,9 +101,8 @@ impl FaultHandle {
         s.reorder.store(threshold(cfg.reorder), Ordering::Relaxed);
         s.corrupt.store(threshold(cfg.corrupt), Ordering::Relaxed);
         s.reorder_window_ns
-            .store(cfg.reorder_window.as_nanos() as u64, Ordering::Relaxed);
-        s.delay_ns
-            .store(cfg.delay.as_nanos() as u64, Ordering::Relaxed);
+            .store(nanos(cfg.reorder_window), Ordering::Relaxed);
+        s.delay_ns.store(nanos(cfg.delay), Ordering::Relaxed);
     }
 }
 
@@ -149,6 +154,21 @@ impl<L: PacketIo> Faulty<L> {
         threshold != 0 && self.rng.gen::<u32>() <= threshold
     }
 
+    /// Moves held frames due by `now` into `out`, in release order, while it
+    /// has fewer than `max` past `start`.
+    fn release_due(&mut self, now: Instant, out: &mut Vec<L::Frame>, start: usize, max: usize) {
+        while out.len() - start < max {
+            match self.held.front() {
+                Some((t, _)) if *t <= now => {
+                    let (_, f) = self.held.pop_front().expect("front exists");
+                    self.stats.held += 1;
+                    out.push(f);
+                }
+                _ => break,
+            }
+        }
+    }
+
     /// Holds `frame` until `at`. The queue is bounded: when full, the frame
     /// held longest leaves early, into `out` while it has `room`, or is
     /// dropped (and counted) when it has none, so that nothing overtakes
@@ -184,10 +204,18 @@ impl<L: PacketIo> PacketIo for Faulty<L> {
         let window = s.reorder_window_ns.load(Ordering::Relaxed);
         let delay = Duration::from_nanos(s.delay_ns.load(Ordering::Relaxed));
 
-        let mut incoming = std::mem::take(&mut self.incoming);
-        let want = max.min(incoming.capacity());
-        self.inner.recv(&mut incoming, want);
+        // What is due leaves first, and only the room left is taken from the
+        // link: duplicates add frames, and a link that always has a burst
+        // waiting would otherwise grow the queue until it overflowed, turning
+        // duplication into loss. (What is not taken waits in the link, as in
+        // a NIC's ring.)
         let now = Instant::now();
+        self.release_due(now, out, start, max);
+        let mut incoming = std::mem::take(&mut self.incoming);
+        let want = (max - (out.len() - start)).min(incoming.capacity());
+        if want > 0 {
+            self.inner.recv(&mut incoming, want);
+        }
         for mut f in incoming.drain(..) {
             if self.hit(drop) {
                 self.stats.dropped += 1;
@@ -223,17 +251,7 @@ impl<L: PacketIo> PacketIo for Faulty<L> {
             }
         }
         self.incoming = incoming;
-        // Release what is due, in release order.
-        while out.len() - start < max {
-            match self.held.front() {
-                Some((t, _)) if *t <= now => {
-                    let (_, f) = self.held.pop_front().expect("front exists");
-                    self.stats.held += 1;
-                    out.push(f);
-                }
-                _ => break,
-            }
-        }
+        self.release_due(now, out, start, max);
         out.len() - start
     }
 
