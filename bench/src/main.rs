@@ -438,8 +438,13 @@ fn run(args: &Args) -> Result<(), String> {
         skipped,
         notes,
     };
-    session.finish()?;
-    result?;
+    // The run's own failure first: stopping the echo side after it may fail
+    // for the same cause (a server that stopped answering), and would hide it.
+    match (result, session.finish()) {
+        (Err(e), Err(f)) => return Err(format!("{e} (then, stopping the echo side: {f})")),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => return Err(e),
+        (Ok(()), Ok(())) => {}
+    }
     if args.json {
         println!(
             "{}",

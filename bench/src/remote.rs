@@ -15,7 +15,7 @@
 //! `Counters` (what the echo side received, on its own clock) and `Bye`.
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -62,22 +62,64 @@ const CLOSED: &str = "the server closed the control connection";
 pub struct Client {
     stream: TcpStream,
     buf: Vec<u8>,
+    /// A request went unanswered: its answer may still come, and would be
+    /// taken for the next one's, so none is sent.
+    lost: bool,
+    /// How long an answer may take.
+    answer_within: Duration,
 }
+
+/// How long the client tries to reach its server.
+const CONNECT_FOR: Duration = Duration::from_secs(10);
 
 impl Client {
     /// Connects to the server at `addr`, retrying for a few seconds while it
     /// starts (it listens once its port is open), and waits for its greeting:
     /// an error if it is busy with another client.
     pub fn connect(addr: &str) -> Result<Client, String> {
+        Client::connect_within(addr, CONNECT_FOR, Duration::from_secs(60))
+    }
+
+    /// [`Client::connect`], trying for `connect_for` and waiting at most
+    /// `answer_within` for each answer.
+    fn connect_within(
+        addr: &str,
+        connect_for: Duration,
+        answer_within: Duration,
+    ) -> Result<Client, String> {
         let t = Instant::now();
         let stream = loop {
-            match TcpStream::connect(addr) {
-                Ok(s) => break s,
-                Err(e) if t.elapsed() < Duration::from_secs(10) => {
+            // Each attempt within what is left of the budget: a plain connect
+            // to an address that drops its SYNs (a firewall, a host gone)
+            // waits for the kernel's retries, about two minutes.
+            let left = connect_for.saturating_sub(t.elapsed());
+            let mut tried = None;
+            for a in addr
+                .to_socket_addrs()
+                .map_err(|e| format!("bad --server address {addr}: {e}"))?
+            {
+                let r = TcpStream::connect_timeout(&a, left.max(Duration::from_millis(100)));
+                let done = r.is_ok();
+                tried = Some(r);
+                if done {
+                    break;
+                }
+            }
+            match tried {
+                Some(Ok(s)) => break s,
+                None => return Err(format!("--server {addr} resolves to no address")),
+                Some(Err(e)) if t.elapsed() < connect_for => {
                     let _ = e;
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                Err(e) => {
+                Some(Err(e)) if e.kind() == ErrorKind::TimedOut => {
+                    return Err(format!(
+                        "no answer from the emx-bench server at {addr} within {:.0} s: is the \
+                         address right, and does a firewall let TCP through to it?",
+                        connect_for.as_secs_f64()
+                    ))
+                }
+                Some(Err(e)) => {
                     return Err(format!(
                         "cannot reach the emx-bench server at {addr}: {e} (start `emx-bench --role server` with the same --link first, or give --server)"
                     ))
@@ -88,6 +130,8 @@ impl Client {
         let mut client = Client {
             stream,
             buf: Vec::new(),
+            lost: false,
+            answer_within,
         };
         match client.answer(&mut || std::thread::sleep(Duration::from_millis(1)))? {
             Answer::Ready => Ok(client),
@@ -120,6 +164,9 @@ impl Client {
     /// Sends `req` and waits for the answer, calling `idle` while it waits
     /// (the pinger's inline engines must keep answering).
     fn call(&mut self, req: &Request, idle: &mut dyn FnMut()) -> Result<Answer, String> {
+        if self.lost {
+            return Err("the server left an earlier request unanswered".into());
+        }
         let mut line = serde_json::to_vec(req).map_err(|e| e.to_string())?;
         line.push(b'\n');
         self.stream
@@ -154,7 +201,8 @@ impl Client {
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     idle();
-                    if t.elapsed() > Duration::from_secs(60) {
+                    if t.elapsed() > self.answer_within {
+                        self.lost = true;
                         return Err("the server does not answer".into());
                     }
                 }
@@ -738,5 +786,86 @@ mod tests {
         assert!(accept_error_passes(&e(Errno::ECONNABORTED)));
         assert!(!accept_error_passes(&e(Errno::EBADF)));
         assert!(!accept_error_passes(&e(Errno::EINVAL)));
+    }
+
+    /// A server whose SYNs are dropped (here its accept queue is full, as a
+    /// firewall's DROP would do) is given up on within the budget, and the
+    /// error says what to check: a plain connect waited for the kernel's SYN
+    /// retries, about two minutes, before the budget was even looked at.
+    #[test]
+    fn a_server_that_drops_syns_is_given_up_on_in_time() {
+        use nix::sys::socket::{
+            bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, SockaddrIn,
+        };
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::empty(),
+            None,
+        )
+        .unwrap();
+        bind(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &SockaddrIn::new(127, 0, 0, 1, 0),
+        )
+        .unwrap();
+        listen(&fd, Backlog::new(0).unwrap()).unwrap();
+        let listener = TcpListener::from(fd);
+        let addr = listener.local_addr().unwrap();
+        // Fill the accept queue; nothing accepts.
+        let _held: Vec<_> = (0..2)
+            .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok())
+            .collect();
+        let t = Instant::now();
+        let e = Client::connect_within(
+            &addr.to_string(),
+            Duration::from_millis(1500),
+            Duration::from_secs(60),
+        )
+        .err()
+        .expect("no server answers");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(
+            e.contains("no answer from the emx-bench server") && e.contains("firewall"),
+            "{e}"
+        );
+    }
+
+    /// A request whose answer came too late: its answer is not taken for the
+    /// next request's. (`bye` took the late answer to `counters` as its own,
+    /// and the client left as if its server had stopped its echo thread.)
+    #[test]
+    fn a_late_answer_is_not_taken_for_the_next_ones() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let send = |s: &mut TcpStream, a: &Answer| {
+                let mut line = serde_json::to_vec(a).unwrap();
+                line.push(b'\n');
+                s.write_all(&line).unwrap();
+            };
+            send(&mut s, &Answer::Ready);
+            let mut lines = BufReader::new(s.try_clone().unwrap()).lines();
+            let first = lines.next().unwrap().unwrap();
+            std::thread::sleep(Duration::from_millis(400));
+            send(&mut s, &Answer::Counters(Counters::default()));
+            // Whatever comes next, if anything, before the client hangs up.
+            let next = lines.next().and_then(Result::ok);
+            (first, next)
+        });
+        let mut c = Client::connect_within(
+            &addr.to_string(),
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+        )
+        .unwrap();
+        let e = c.counters().unwrap_err();
+        assert_eq!(e, "the server does not answer");
+        let e = c.bye().unwrap_err();
+        assert!(e.contains("earlier request unanswered"), "{e}");
+        let (first, next) = server.join().unwrap();
+        assert!(first.contains("Counters"), "{first}");
+        assert_eq!(next, None, "nothing sent after the unanswered request");
     }
 }
