@@ -2,8 +2,10 @@
 //! benchmark, so that kernel sockets and DPDK `net_af_packet` ports can be
 //! measured over a real (virtual) Ethernet link without a NIC.
 //!
-//! [`VethPair::create`] makes two namespaces named `emxb-<pid>-<n>-0` and
-//! `emxb-<pid>-<n>-1` (`<n>` counts pairs within this process), a veth pair
+//! [`VethPair::create`] makes two namespaces named `emxb-<pid>-<n>-0-p<ns>`
+//! and `emxb-<pid>-<n>-1-p<ns>` (`<n>` counts pairs within this process,
+//! `<ns>` is the inode of its pid namespace: runs in containers that share
+//! `/run/netns` may have the same pid, and cannot see each other's), a veth pair
 //! with one end in each, and configures both ends; dropping the pair deletes
 //! the namespaces and the veth with them. [`VethPair::enter`] moves the calling
 //! thread into one namespace, so that the sockets and ports it opens live
@@ -42,7 +44,7 @@ static PAIR_COUNTER: AtomicU32 = AtomicU32::new(0);
 /// the link for side 0 and side 1: index `i` is the end inside `ns[i]`.
 #[derive(Debug)]
 pub struct VethPair {
-    /// Namespace names, `emxb-<pid>-<n>-0` and `emxb-<pid>-<n>-1`.
+    /// Namespace names, `emxb-<pid>-<n>-0-p<ns>` and `emxb-<pid>-<n>-1-p<ns>`.
     pub ns: [String; 2],
     /// Interface name of the veth end inside each namespace (`emxb0`, `emxb1`).
     pub ifname: [String; 2],
@@ -83,7 +85,7 @@ impl VethPair {
 
         let pid = std::process::id();
         let n = PAIR_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let ns = [0, 1].map(|side| format!("{NS_PREFIX}{pid}-{n}-{side}"));
+        let ns = [0, 1].map(|side| format!("{NS_PREFIX}{pid}-{n}-{side}-p{}", pid_ns()));
         let ifname = [0, 1].map(|side| format!("emxb{side}"));
         let subnet = (n % 256) as u8;
         let ip = [1, 2].map(|host| Ipv4Addr::new(10, 233, subnet, host));
@@ -102,8 +104,9 @@ impl VethPair {
                 ));
             }
             if namespace_exists(name) {
-                // Same pid as ours but not made by this process: left over by an
-                // earlier process that had our pid and was killed.
+                // Same pid as ours, in our pid namespace, but not made by this
+                // process: left over by an earlier process that had our pid
+                // and was killed.
                 delete_namespace(name);
                 if namespace_exists(name) {
                     return Err(format!(
@@ -356,18 +359,39 @@ fn delete_namespace(name: &str) -> bool {
     !namespace_exists(name)
 }
 
-/// Owner pid of a namespace name made by this module, if it is one.
-fn owner_pid(name: &str) -> Option<i32> {
+/// The inode of this process's pid namespace (`/proc/self/ns/pid`), which
+/// tells runs that share `/run/netns` from different pid namespaces apart;
+/// 0 where it cannot be read.
+fn pid_ns() -> u64 {
+    static NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NS.get_or_init(|| {
+        std::fs::read_link("/proc/self/ns/pid")
+            .ok()
+            .and_then(|l| {
+                let l = l.to_string_lossy().into_owned();
+                l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+            })
+            .unwrap_or(0)
+    })
+}
+
+/// Owner of a namespace name made by this module, if it is one: its pid, and
+/// its pid namespace (`None` for names of earlier builds, which had none).
+fn owner_pid(name: &str) -> Option<(i32, Option<u64>)> {
     let rest = name.strip_prefix(NS_PREFIX)?;
     let mut parts = rest.split('-');
     let pid = parts.next()?.parse::<i32>().ok()?;
     let n = parts.next()?;
     let side = parts.next()?;
+    let ns = match parts.next() {
+        None => None,
+        Some(p) => Some(p.strip_prefix('p')?.parse::<u64>().ok()?),
+    };
     let shape_ok = !n.is_empty()
         && n.bytes().all(|b| b.is_ascii_digit())
         && (side == "0" || side == "1")
         && parts.next().is_none();
-    (shape_ok && pid > 0).then_some(pid)
+    (shape_ok && pid > 0).then_some((pid, ns))
 }
 
 /// Whether process `pid` runs (in this pid namespace): it exists and is no
@@ -389,7 +413,9 @@ fn pid_alive(pid: i32) -> bool {
     })
 }
 
-/// Removes namespaces `emxb-<pid>-<n>-<side>` left by processes that are dead.
+/// Removes namespaces `emxb-<pid>-<n>-<side>-p<ns>` left by processes of
+/// this pid namespace that are dead. Another pid namespace's are left alone:
+/// its pids mean nothing here.
 fn remove_stale() {
     let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
         return;
@@ -397,8 +423,8 @@ fn remove_stale() {
     let me = std::process::id() as i32;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = owner_pid(&name) {
-            if pid != me && !pid_alive(pid) {
+        if let Some((pid, ns)) = owner_pid(&name) {
+            if ns.is_none_or(|ns| ns == pid_ns()) && pid != me && !pid_alive(pid) {
                 delete_namespace(&name);
             }
         }
@@ -570,8 +596,15 @@ mod tests {
 
     #[test]
     fn stale_names_parse() {
-        assert_eq!(owner_pid("emxb-123-4-0"), Some(123));
-        assert_eq!(owner_pid("emxb-123-4-1"), Some(123));
+        assert_eq!(owner_pid("emxb-123-4-0"), Some((123, None)));
+        assert_eq!(owner_pid("emxb-123-4-1"), Some((123, None)));
+        assert_eq!(
+            owner_pid("emxb-123-4-1-p4026531836"),
+            Some((123, Some(4026531836)))
+        );
+        assert_eq!(owner_pid("emxb-123-4-1-4026531836"), None);
+        assert_eq!(owner_pid("emxb-123-4-1-p"), None);
+        assert_eq!(owner_pid("emxb-123-4-1-p7-0"), None);
         assert_eq!(owner_pid("emxb-123-4-2"), None);
         assert_eq!(owner_pid("emxb-123-0"), None);
         assert_eq!(owner_pid("other-123-4-0"), None);
@@ -600,22 +633,73 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(5), "no zombie");
             std::thread::sleep(Duration::from_millis(5));
         }
+        // Named as this build names them, and as earlier builds did.
         let stale: Vec<String> = [dead, zombie.id()]
             .iter()
-            .map(|pid| format!("{NS_PREFIX}{pid}-0-0"))
+            .flat_map(|pid| {
+                [
+                    format!("{NS_PREFIX}{pid}-0-0-p{}", pid_ns()),
+                    format!("{NS_PREFIX}{pid}-0-1"),
+                ]
+            })
             .collect();
-        for ns in &stale {
+        // A dead pid of another pid namespace means nothing here: its run
+        // may be going on (in a container that shares /run/netns).
+        let other = format!("{NS_PREFIX}{dead}-0-0-p{}", pid_ns() + 1);
+        for ns in stale.iter().chain([&other]) {
             ip(&["netns", "add", ns]).expect("make a stale namespace");
             assert!(namespace_exists(ns));
         }
         let pair = VethPair::create(1500).expect("create veth pair");
         let left: Vec<&String> = stale.iter().filter(|ns| namespace_exists(ns)).collect();
-        for ns in &stale {
+        let kept = namespace_exists(&other);
+        for ns in stale.iter().chain([&other]) {
             delete_namespace(ns);
         }
         drop(pair);
         zombie.wait().unwrap();
         assert!(left.is_empty(), "stale namespaces not removed: {left:?}");
+        assert!(kept, "another pid namespace's {other} was removed");
+    }
+
+    /// Helper for [`another_pid_namespaces_run_leaves_ours_alone`], run in a
+    /// pid namespace of its own: makes (and so sweeps) a pair.
+    #[test]
+    #[ignore = "helper process of another_pid_namespaces_run_leaves_ours_alone"]
+    fn pair_in_own_pid_namespace_helper() {
+        if std::env::var_os(HELPER_ENV).is_none() {
+            return;
+        }
+        drop(VethPair::create(1500).expect("create veth pair"));
+        tell_parent("EMXB-DONE");
+    }
+
+    /// A run in another pid namespace (a container sharing /run/netns) sees
+    /// none of our pids: its sweep used to take our namespaces for a dead
+    /// process's and delete them under us.
+    #[test]
+    fn another_pid_namespaces_run_leaves_ours_alone() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("{NEED_ROOT}");
+        }
+        let pair = VethPair::create(1500).expect("create veth pair");
+        let out = Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc"])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "netns::tests::pair_in_own_pid_namespace_helper",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(HELPER_ENV, "1")
+            .output()
+            .expect("run unshare");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("EMXB-DONE"), "the helper failed: {out:?}");
+        let gone: Vec<&String> = pair.ns.iter().filter(|n| !namespace_exists(n)).collect();
+        assert!(gone.is_empty(), "removed by the other run: {gone:?}");
     }
 
     /// A helper process's line to the test that runs it, straight to fd 1:
