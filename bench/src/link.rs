@@ -205,6 +205,12 @@ impl Link {
         server: bool,
     ) -> Result<Link, String> {
         if server {
+            if memif_bound(socket) {
+                return Err(format!(
+                    "a memif server already listens on {socket}: stop it, or give this one \
+                     another --socket (and its clients the same)"
+                ));
+            }
             // A stale socket file from a killed run would refuse the bind.
             let _ = std::fs::remove_file(socket);
         } else {
@@ -252,6 +258,20 @@ fn memif_listening(socket: &str) -> bool {
             t.lines()
                 .any(|l| l.split_whitespace().last() == Some(abstract_name.as_str()))
         })
+}
+
+/// Whether a process has a Unix socket bound at `socket`, as a file or in
+/// the abstract namespace (`/proc/net/unix` lists both; a file left by a
+/// killed server is not listed).
+fn memif_bound(socket: &str) -> bool {
+    let abstract_name = format!("@{socket}");
+    std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| {
+        t.lines().any(|l| {
+            l.split_whitespace()
+                .nth(7)
+                .is_some_and(|p| p == socket || p == abstract_name)
+        })
+    })
 }
 
 /// A memif port with three queue pairs, sized for frames of `mtu` (dpdk-ffi

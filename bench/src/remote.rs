@@ -274,10 +274,12 @@ pub fn serve(
     once: bool,
     echo_core: Option<CoreId>,
 ) -> Result<(), String> {
-    let (eal, pool) = start_eal(hugepages, mtu, &side.devargs())?;
-    let link = Link::side(&eal, &pool, mtu, side, true)?;
+    // The control address first: a second server on a busy one stops here,
+    // before its port could take the first one's link (its memif socket).
     let listener = TcpListener::bind(listen)
         .map_err(|e| format!("cannot listen on {listen}: {e} (choose another with --listen)"))?;
+    let (eal, pool) = start_eal(hugepages, mtu, &side.devargs())?;
+    let link = Link::side(&eal, &pool, mtu, side, true)?;
     eprintln!(
         "emx-bench: serving {}, control on {listen}{}",
         link.name,

@@ -459,6 +459,43 @@ fn bad_options_name_the_fix() {
     }
 }
 
+/// A second memif server started while one serves leaves the first alone:
+/// on a busy control address it stops before it opens its port (it used to
+/// remove the first one's socket file first), and on a socket some process
+/// listens on it says so instead of DPDK's probe error. (The first server is
+/// stood in for by a bound Unix socket and a TCP listener.)
+#[test]
+fn a_second_memif_server_leaves_the_first_alone() {
+    let dir = std::env::temp_dir().join(format!("emx-bench-2nd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("memif.sock");
+    let _ = std::fs::remove_file(&sock);
+    let unix = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = tcp.local_addr().unwrap().to_string();
+    let second = |listen: &str| {
+        Command::new(BIN)
+            .args(["--link", "memif", "--role", "server", "--socket"])
+            .arg(&sock)
+            .args(["--listen", listen, "--once"])
+            .output()
+            .unwrap()
+    };
+    let out = second(&busy);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&format!("cannot listen on {busy}")), "{err}");
+    assert!(!err.contains("EAL"), "started DPDK first: {err}");
+    assert!(sock.exists(), "the first server's socket was removed");
+    let out = second("127.0.0.1:0");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("a memif server already listens on"), "{err}");
+    assert!(sock.exists(), "the first server's socket was removed");
+    drop((unix, tcp));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Namespaces of process `pid` that still exist.
 fn namespaces_of(pid: u32) -> Vec<String> {
     let out = Command::new("ip")
