@@ -337,7 +337,11 @@ fn ip(args: &[&str]) -> Result<(), String> {
     if out.status.success() {
         return Ok(());
     }
-    let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let mut msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if msg.is_empty() {
+        // Killed, or crashed: its status is all there is to say.
+        msg = out.status.to_string();
+    }
     let lower = msg.to_lowercase();
     let hint = if lower.contains("permission denied") || lower.contains("operation not permitted") {
         format!(": {NEED_ROOT}")
