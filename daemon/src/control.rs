@@ -284,6 +284,10 @@ pub struct MessageStats {
     /// Frames dropped before they could be told apart by peer (bad
     /// headers, other clusters, unknown senders).
     pub dropped: u64,
+    /// States the protocol core's checks rule out, met and survived: 0
+    /// unless emx has a bug (report it).
+    #[serde(default)]
+    pub internal_errors: u64,
 }
 
 /// The link's counters (the engine's `IoStats`).

@@ -846,6 +846,7 @@ fn two_daemons_over_memif() {
             && messages["sends_completed"].as_u64().unwrap() >= 8,
         "{stats}"
     );
+    assert_eq!(messages["internal_errors"].as_u64(), Some(0), "{stats}");
     let o = b.ctl(&["stats"]);
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("  messages: sent "),

@@ -504,6 +504,12 @@ fn print_stats(s: &Stats) {
             bytes(m.unexpected_high_water),
             m.dropped
         );
+        if m.internal_errors != 0 {
+            outln!(
+                "  INTERNAL ERRORS: {} (states emx's protocol core rules out: a bug; please report it with this node's log)",
+                m.internal_errors
+            );
+        }
         let mut rows = vec![[
             "  PEER",
             "FRAMES_TX",

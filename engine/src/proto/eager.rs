@@ -256,6 +256,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         );
         let Some(m) = new else {
             // Cannot happen: check_eager saw room and credits bound the store.
+            self.stats.internal_errors += 1;
             debug_assert!(false, "unexpected store exhausted despite credits");
             return;
         };

@@ -58,6 +58,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     pub(crate) fn on_rts(&mut self, now: Time, p: u16, h: &Header) {
         let new = self.new_msg(p, h.msg_id, true, h.match_bits, h.msg_len, h.frag_unit);
         let Some(m) = new else {
+            self.stats.internal_errors += 1;
             debug_assert!(false, "envelope table exhausted despite check");
             return;
         };
@@ -192,6 +193,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             if self.starved_notifies.len() < self.msg_free.size() {
                 self.starved_notifies.push_back((p, msg_id));
             } else {
+                self.stats.internal_errors += 1;
                 debug_assert!(false, "more NOTIFYs waiting than envelopes");
             }
             return;

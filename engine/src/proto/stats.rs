@@ -55,6 +55,11 @@ pub struct CoreStats {
     pub unexpected: u64,
     /// Highest number of bytes the unexpected store ever held (credit charge).
     pub unexpected_high_water: u64,
+    /// Times the core found a state its own checks rule out (a table full
+    /// that its accounting said had room) and dropped the frame or request
+    /// at hand. Always 0 unless the core has a bug: a debug build panics
+    /// there instead, and a release build counts it here, to be reported.
+    pub internal_errors: u64,
 }
 
 /// A snapshot of one peer's session state, for tests and diagnostics.

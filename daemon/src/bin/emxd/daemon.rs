@@ -273,6 +273,7 @@ impl Daemon {
                     unexpected: core.unexpected,
                     unexpected_high_water: core.unexpected_high_water,
                     dropped: core.dropped.total(),
+                    internal_errors: core.internal_errors,
                 },
                 peers,
             });
