@@ -281,16 +281,21 @@ fn run(args: &Args) -> Result<(), String> {
     });
     transports.sort_by_key(|t| *t != Transport::Raw);
     let max = args.max_size.min(8 << 20);
+    // A size given twice is measured once: its rows would merge, with twice
+    // the rounds the report says.
+    let mut given = args.sizes.clone();
+    let mut seen = std::collections::HashSet::new();
+    given.retain(|s| seen.insert(*s));
     let sizes_for = |t: Test| -> Vec<usize> {
         if t == Test::Msgrate {
             return match args.msg_size {
                 Some(size) => vec![size],
-                None if !args.sizes.is_empty() => args.sizes.clone(),
+                None if !given.is_empty() => given.clone(),
                 None => vec![8],
             };
         }
-        if !args.sizes.is_empty() {
-            return args.sizes.clone();
+        if !given.is_empty() {
+            return given.clone();
         }
         match t {
             Test::Latency => latency_sizes(max, !args.no_netpipe),

@@ -727,8 +727,10 @@ pub fn svg(report: &Report, transports: &[Transport]) -> String {
             let pts = report
                 .rows
                 .iter()
-                .filter(|r| r.test == *test)
-                .filter_map(|r| value(r).map(|v| (r.transport, r.size.max(1) as f64, v)))
+                // A log axis has no 0: the 0-byte row is in the table and
+                // the JSON only (drawn at 1, it read as the 1-byte point).
+                .filter(|r| r.test == *test && r.size > 0)
+                .filter_map(|r| value(r).map(|v| (r.transport, r.size as f64, v)))
                 .filter(|p| p.2 > 0.0 && p.2.is_finite())
                 .collect();
             (c, pts)
@@ -1093,6 +1095,22 @@ mod tests {
             2,
             "a line per transport"
         );
+        // The 0-byte row is left off the log axis; it used to be drawn at 1,
+        // where it read as the 1-byte point.
+        let chart = svg(
+            &report(vec![
+                lat(Emx, 0, 800.0),
+                lat(Emx, 1, 850.0),
+                lat(Emx, 2, 860.0),
+            ]),
+            &[Emx],
+        );
+        let points = chart
+            .split(r#"<polyline points=""#)
+            .nth(1)
+            .and_then(|p| p.split('"').next())
+            .expect("a line");
+        assert_eq!(points.split_whitespace().count(), 2, "{points}");
         let chart = svg(&report(vec![row(Msgrate, Emx, 8, 0, 1)]), &[Emx]);
         assert!(chart.contains("no latency or bandwidth rows to plot"));
         assert!(!chart.contains("<polyline") && !chart.contains("<rect"));

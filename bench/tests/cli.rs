@@ -156,10 +156,15 @@ fn sizes_of(rows: &[Value], transport: &str) -> Vec<u64> {
 
 #[test]
 fn latency_json() {
-    let r = json(&["--test", "latency", "--sizes", "0,64,4K,100K"]);
+    // A size given twice is measured once.
+    let r = json(&["--test", "latency", "--sizes", "0,64,4K,64,100K"]);
     let rows = check_rows(&r, "latency");
     for t in ["raw", "emx", "emx-thread"] {
         assert_eq!(sizes_of(&rows, t), [0, 64, 4096, 102_400], "{t}");
+    }
+    for row in &rows {
+        let rounds = row["latency"]["rounds_p50_ns"].as_array().unwrap().len();
+        assert_eq!(rounds, 1, "one round, as asked: {row}");
     }
     assert_eq!(r["link"], "memif pair, one process");
     assert_eq!(r["mtu"], 9000, "memif runs jumbo frames unless told");
