@@ -63,8 +63,10 @@ pub struct Flow {
     /// Each round's rate.
     pub rounds_gbit_s: Vec<f64>,
     /// Messages lost, all rounds, warm-up included: kernel UDP's datagrams
-    /// that the kernel took and that never arrived (nothing sends them
-    /// again; the figures count what arrived). 0 for the other transports.
+    /// that the kernel took and that never arrived, and raw's frames that
+    /// the link took and the echo never got, in messages' worth (one way;
+    /// nothing sends either again, and the figures count what arrived). 0
+    /// for emx and TCP, which send again what was lost.
     pub lost: u64,
 }
 
