@@ -1046,6 +1046,83 @@ fn a_port_that_came_up_with_another_mac_is_a_configuration_error() {
     b.wait(Duration::from_secs(8));
 }
 
+/// A check of a peer that is alive but takes no messages (here an engine
+/// that posts no receive) ends when its messages time out: the rendezvous
+/// message it sent is never pulled, and its send never completes (nothing
+/// withdraws a message), so the run used to wait for it for good, and its
+/// client got no report at all. Later messages to that peer then fail at
+/// once, saying why, rather than add sends that would linger too.
+#[test]
+fn a_check_of_a_peer_that_takes_nothing_ends() {
+    let dir = TempDir::new("takesnothing");
+    let config = cluster_file(&dir, true);
+    let a = Daemon::start(&config, "server", &dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let cluster = ClusterConfig::load(&config).unwrap();
+    let node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
+    let mut engine = node.engine;
+    let mut b = engine.endpoint_id(0).unwrap();
+    let t = Instant::now();
+    loop {
+        b.progress();
+        if a.peer(2).is_some_and(|(s, _)| s == "up") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "B never up");
+    }
+    // Driven (so that it answers and acknowledges), but with no receive.
+    let mut drive_until = |child: &mut Child, limit: Duration| {
+        let t = Instant::now();
+        loop {
+            b.progress();
+            if let Some(status) = child.try_wait().unwrap() {
+                return (status, t.elapsed());
+            }
+            assert!(
+                t.elapsed() < limit,
+                "no reply within {limit:?}; log:\n{}",
+                a.log()
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    };
+    let check = |sizes: &str| {
+        Command::new(EMXCTL)
+            .arg("--control")
+            .arg(&a.control)
+            .args(["check", "--json", "--sizes", sizes])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let report = |child: Child| {
+        let out = child.wait_with_output().unwrap();
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let mut first = check("64K");
+    let (status, took) = drive_until(&mut first, Duration::from_secs(30));
+    assert!(!status.success());
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    let v = report(first);
+    assert_eq!(
+        (v["passed"].as_u64(), v["failed"].as_u64()),
+        (Some(0), Some(1)),
+        "{v}"
+    );
+    let error = v["results"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("no echo within 10 s"), "{v}");
+    let mut second = check("1000,64K");
+    let (status, took) = drive_until(&mut second, Duration::from_secs(5));
+    assert!(!status.success());
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let v = report(second);
+    assert_eq!(v["failed"].as_u64(), Some(2), "{v}");
+    assert!(v.to_string().contains("is still not taken"), "{v}");
+}
+
 /// The MAC of a daemon's port, from its status.
 fn port_mac(d: &Daemon) -> Option<String> {
     d.json(&["status"])["link"]["mac"]

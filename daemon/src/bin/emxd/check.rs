@@ -12,6 +12,11 @@
 //! is short, the peer went down, or nothing came back in [`ECHO_TIMEOUT`].
 //! Its result is then reported, but the next size to that peer waits for the
 //! send to complete: a run has at most one send in flight to each peer.
+//! A failed message whose send has not completed (a rendezvous message the
+//! peer never pulled: its responder takes no messages, and a send cannot be
+//! withdrawn) is set aside as lingering, and the run goes on without it:
+//! while a peer has one, later messages to it fail at once rather than add
+//! sends that would linger too, and no run waits for it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,7 +38,9 @@ pub const ECHO_TIMEOUT: Duration = Duration::from_secs(10);
 /// message's match bits) is 8 bits: without a bound, 256 of them would leave
 /// no id to take. A run whose client went away sends nothing more, and ends
 /// once its messages in flight are done (counted against this bound until
-/// then, so that checks abandoned one after another leave no sends behind).
+/// then, so that checks abandoned one after another leave no sends behind;
+/// a failed message's send that may never complete is set aside, at most one
+/// per peer, as the module's docs say).
 pub const MAX_RUNS: usize = 16;
 
 /// One peer endpoint of a run, and the sizes still to send it.
@@ -70,10 +77,20 @@ struct Run {
     abandoned: bool,
 }
 
+/// A failed message's send that has not completed (see the module's docs).
+struct Lingering {
+    peer: Addr,
+    run: u8,
+    seq: u32,
+    sent_at: Instant,
+}
+
 /// The checks under way.
 #[derive(Default)]
 pub struct Checks {
     runs: Vec<Run>,
+    /// At most one per peer endpoint: none is sent to a peer that has one.
+    lingering: Vec<Lingering>,
     next_id: u8,
     /// The next message's sequence number, for every run: a late echo of an
     /// ended run's message is not taken for a later run's that reuses its
@@ -207,12 +224,24 @@ impl Checks {
                         st.cancel_check_answer(run.id, seq);
                         busy = true;
                     }
-                    if t.current
-                        .as_ref()
-                        .is_some_and(|i| i.reported && i.sent.is_some())
-                    {
-                        t.current = None;
-                        busy = true;
+                    match &t.current {
+                        Some(i) if i.reported && i.sent.is_some() => {
+                            t.current = None;
+                            busy = true;
+                        }
+                        // Failed, and its send may never complete: no run
+                        // waits for it.
+                        Some(i) if i.reported => {
+                            self.lingering.push(Lingering {
+                                peer: t.peer,
+                                run: run.id,
+                                seq: i.seq,
+                                sent_at: i.sent_at,
+                            });
+                            t.current = None;
+                            busy = true;
+                        }
+                        _ => {}
                     }
                 }
                 while t.current.is_none() {
@@ -220,6 +249,15 @@ impl Checks {
                         break;
                     };
                     busy = true;
+                    if let Some(l) = self.lingering.iter().find(|l| l.peer == t.peer) {
+                        let why = format!(
+                            "an earlier check message to this peer, sent {} s ago, is still \
+                             not taken: its responder takes no messages",
+                            l.sent_at.elapsed().as_secs()
+                        );
+                        push_result(&mut run.report, t, size, Err(why));
+                        continue;
+                    }
                     let seq = self.next_seq;
                     self.next_seq = self.next_seq.wrapping_add(1) & 0xff_ffff;
                     let bits = ops::check_bits(st.local.node, run.id, seq);
@@ -271,7 +309,14 @@ impl Checks {
 
     /// A check message's send completed.
     pub fn on_send_done(&mut self, run: u8, seq: u32, result: Result<(), String>) {
-        if let Some(item) = self.item(run, seq) {
+        if let Some(at) = self
+            .lingering
+            .iter()
+            .position(|l| l.run == run && l.seq == seq)
+        {
+            let l = self.lingering.swap_remove(at);
+            debug!(peer = ?l.peer, seq, ?result, "a lingering check message's send completed");
+        } else if let Some(item) = self.item(run, seq) {
             item.sent = Some(result.map_err(|e| format!("send failed: {e}")));
         }
     }
