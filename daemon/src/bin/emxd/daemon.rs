@@ -142,8 +142,12 @@ impl Daemon {
             }
             let now = Instant::now();
             if now >= next_scan {
-                for st in &mut self.stations {
-                    st.scan(&mut self.checks);
+                // Checks run on the first endpoint, through its sessions:
+                // only its view of a peer fails them (another endpoint's
+                // may lag, down for up to two liveness deadlines after a
+                // partition heals).
+                for (i, st) in self.stations.iter_mut().enumerate() {
+                    st.scan((i == 0).then_some(&mut self.checks));
                 }
                 next_scan = now + SCAN_EVERY;
             }

@@ -137,6 +137,10 @@ pub struct Station {
     sinks_free: Vec<Vec<u8>>,
     /// Every outstanding request and what it is for.
     reqs: Vec<(Request, Role)>,
+    /// Check answers' receives to cancel that a full command ring refused
+    /// (a polling thread's): asked again on each poll until it takes them,
+    /// or they would stay posted for good, a receive slot and a buffer each.
+    to_cancel: Vec<Request>,
     /// Per peer in the engine's table: its liveness receive.
     watches: BTreeMap<Addr, Watch>,
     /// Per peer: what was last logged.
@@ -178,6 +182,7 @@ impl Station {
             slots: vec![Slot::Free; ops::ECHO_SLOTS],
             sinks_free: (0..ops::SINK_SLOTS).map(|_| vec![0u8; max]).collect(),
             reqs: Vec::new(),
+            to_cancel: Vec::new(),
             watches: peers.iter().map(|p| (p.addr, Watch::Idle)).collect(),
             views: peers
                 .iter()
@@ -301,6 +306,12 @@ impl Station {
     /// Returns whether anything happened.
     pub fn poll(&mut self, checks: &mut Checks) -> bool {
         let mut busy = self.ep.progress();
+        // (Those that finished meanwhile need no cancel.)
+        for r in std::mem::take(&mut self.to_cancel) {
+            if self.reqs.iter().any(|&(q, _)| q == r) {
+                self.cancel_or_later(r);
+            }
+        }
         let reqs = std::mem::take(&mut self.reqs);
         for (req, role) in reqs {
             // `take`, not `test`: inline, `test` polls the link on each
@@ -574,8 +585,8 @@ impl Station {
             Err(refused) => {
                 // Nothing will answer: its receive ends, cancelled, and its
                 // completion comes through the request list.
-                let _ = self.ep.cancel(answer);
                 self.reqs.push((answer, Role::CheckAnswer { run, seq }));
+                self.cancel_or_later(answer);
                 Err(format!("send refused: {}", refused.error))
             }
         }
@@ -591,15 +602,30 @@ impl Station {
         if let Some(&(r, _)) = found {
             // Its completion (cancelled, or the answer after all) comes
             // through the request list as any other.
-            let _ = self.ep.cancel(r);
+            self.cancel_or_later(r);
         }
     }
 
-    /// Reads every peer's state, logs what changed, tells checks about peers
-    /// that went down, greets peers given up again now and then, posts
+    /// Cancels receive `r`, or notes it to be cancelled on a later poll
+    /// when the command ring is full; whether it was handed over (or needs
+    /// no cancel: it finished, or is unknown).
+    fn cancel_or_later(&mut self, r: Request) -> bool {
+        match self.ep.cancel(r) {
+            Err(emx::runtime::Error::WouldBlock) => {
+                if !self.to_cancel.contains(&r) {
+                    self.to_cancel.push(r);
+                }
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Reads every peer's state, logs what changed, tells `checks` (when
+    /// this endpoint runs them) about peers that went down, greets peers given up again now and then, posts
     /// liveness receives on peers that are back or being greeted, and drops
     /// messages that nobody serves.
-    pub fn scan(&mut self, checks: &mut Checks) {
+    pub fn scan(&mut self, mut checks: Option<&mut Checks>) {
         let Ok(peers) = self.ep.peers() else { return };
         for p in &peers {
             let state = self.shown_state(p);
@@ -679,7 +705,9 @@ impl Station {
                 view.epoch = p.epoch;
             }
             if state == PeerState::Down {
-                checks.peer_down(p.addr);
+                if let Some(c) = checks.as_deref_mut() {
+                    c.peer_down(p.addr);
+                }
             }
             // (A peer being greeted again is watched too, though shown down.)
             if !p.down && !self.closing && !self.watched(p.addr) {
