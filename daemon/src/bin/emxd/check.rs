@@ -99,13 +99,15 @@ pub struct Checks {
 }
 
 impl Checks {
-    /// Starts a run against `targets` (peer, its node name) with `sizes`;
-    /// `reply` gets the report when it is done. Sizes above `max` (the
-    /// responder's limit) fail at once. With [`MAX_RUNS`] under way, the run
+    /// Starts a run against `targets` (peer, its node name, its responder's
+    /// limit) with `sizes`; `reply` gets the report when it is done. Sizes
+    /// above `max` (this node's responder's limit, which its answers' receives
+    /// share) or above a peer's limit (its echo would come back cut to it)
+    /// fail at once. With [`MAX_RUNS`] under way, the run
     /// is refused: `reply` says so at once.
     pub fn start(
         &mut self,
-        targets: Vec<(Addr, Option<String>)>,
+        targets: Vec<(Addr, Option<String>, usize)>,
         sizes: &[u64],
         max: usize,
         failed_early: Vec<CheckResult>,
@@ -135,22 +137,29 @@ impl Checks {
             ..CheckReport::default()
         };
         let mut ts = Vec::new();
-        for (peer, name) in targets {
+        for (peer, name, peer_max) in targets {
             let mut queue = VecDeque::new();
             for &size in sizes {
-                if size > max as u64 {
-                    report.results.push(CheckResult {
-                        node: peer.node,
-                        name: name.clone(),
-                        endpoint: peer.endpoint,
-                        size,
-                        ok: false,
-                        rtt_us: None,
-                        error: Some(format!("larger than the responder's limit of {max} bytes")),
-                    });
+                let error = if size > max as u64 {
+                    format!("larger than the responder's limit of {max} bytes")
+                } else if size > peer_max as u64 {
+                    format!(
+                        "larger than the peer's responder limit of {peer_max} bytes (its \
+                         share of memory.region_mb)"
+                    )
                 } else {
                     queue.push_back(size);
-                }
+                    continue;
+                };
+                report.results.push(CheckResult {
+                    node: peer.node,
+                    name: name.clone(),
+                    endpoint: peer.endpoint,
+                    size,
+                    ok: false,
+                    rtt_us: None,
+                    error: Some(error),
+                });
             }
             ts.push(Target {
                 peer,
@@ -480,6 +489,40 @@ fn finish(mut run: Run, interrupted: Option<&str>) {
 mod tests {
     use super::*;
 
+    /// A size past a peer's responder limit (its share of the region, which
+    /// differs from this node's when it has more endpoints) fails at once,
+    /// saying so: its echo would come back cut to that limit, and was
+    /// reported as a wrong length, as if data had been lost.
+    #[test]
+    fn sizes_past_a_peers_limit_fail_at_once() {
+        let mut checks = Checks::default();
+        let (small, big) = (Addr::new(2, 0), Addr::new(3, 0));
+        let (tx, _rx) = std::sync::mpsc::channel();
+        checks.start(
+            vec![(small, None, 8 << 20), (big, None, usize::MAX)],
+            &[1000, 12 << 20],
+            16 << 20,
+            Vec::new(),
+            tx,
+            left(),
+        );
+        let run = &checks.runs[0];
+        let failed: Vec<_> = run
+            .report
+            .results
+            .iter()
+            .map(|r| (r.node, r.size))
+            .collect();
+        assert_eq!(failed, [(2, 12 << 20)]);
+        let error = run.report.results[0].error.as_deref().unwrap();
+        assert!(
+            error.contains("the peer's responder limit of 8388608 bytes"),
+            "{error}"
+        );
+        assert_eq!(run.targets[0].sizes, [1000]);
+        assert_eq!(run.targets[1].sizes, [1000, 12 << 20]);
+    }
+
     /// Runs whose clients left still count; past the bound a check is
     /// refused at once, never waited on for an id.
     #[test]
@@ -489,7 +532,14 @@ mod tests {
         let mut replies = Vec::new();
         for _ in 0..300 {
             let (tx, rx) = std::sync::mpsc::channel();
-            checks.start(vec![(peer, None)], &[1000], 1 << 20, Vec::new(), tx, left());
+            checks.start(
+                vec![(peer, None, usize::MAX)],
+                &[1000],
+                1 << 20,
+                Vec::new(),
+                tx,
+                left(),
+            );
             replies.push(rx);
         }
         assert_eq!(checks.runs.len(), MAX_RUNS);
@@ -525,7 +575,7 @@ mod tests {
         for f in &flags {
             let (tx, rx) = std::sync::mpsc::channel();
             checks.start(
-                vec![(peer, None)],
+                vec![(peer, None, usize::MAX)],
                 &[1000],
                 1 << 20,
                 Vec::new(),
@@ -557,7 +607,14 @@ mod tests {
         assert_eq!(checks.runs.len(), MAX_RUNS - 1);
         assert!(replies[3].try_recv().is_err(), "nobody to answer");
         let (tx, rx) = std::sync::mpsc::channel();
-        checks.start(vec![(peer, None)], &[1000], 1 << 20, Vec::new(), tx, left());
+        checks.start(
+            vec![(peer, None, usize::MAX)],
+            &[1000],
+            1 << 20,
+            Vec::new(),
+            tx,
+            left(),
+        );
         assert!(rx.try_recv().is_err(), "a new run is taken, not refused");
         assert_eq!(checks.runs.len(), MAX_RUNS);
     }

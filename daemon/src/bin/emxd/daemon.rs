@@ -305,6 +305,16 @@ impl Daemon {
         }
         let cluster = &self.cluster;
         let name_of = |node: u16| cluster.node_by_id(node).map(|n| n.name.clone());
+        // A peer's responder takes what its share of the region holds, as
+        // this node's does (main.rs): cluster-wide region_mb over its own
+        // endpoints.
+        let limit_of = |node: u16| {
+            cluster.node_by_id(node).map_or(usize::MAX, |n| {
+                emx_daemon::ops::max_message(
+                    cluster.memory().region_bytes() / n.endpoints.len().max(1),
+                )
+            })
+        };
         let states = self.stations[0].peer_states();
         let describe = |states: &[(Addr, PeerState)]| {
             let all: Vec<String> = states
@@ -348,7 +358,7 @@ impl Daemon {
                 }
                 for (a, s) in chosen {
                     if s == PeerState::Up {
-                        targets.push((a, name_of(a.node)));
+                        targets.push((a, name_of(a.node), limit_of(a.node)));
                     } else {
                         early.extend(sizes.iter().map(|&size| CheckResult {
                             node: a.node,
@@ -366,7 +376,7 @@ impl Daemon {
                 targets = states
                     .iter()
                     .filter(|(_, s)| *s == PeerState::Up)
-                    .map(|(a, _)| (*a, name_of(a.node)))
+                    .map(|(a, _)| (*a, name_of(a.node), limit_of(a.node)))
                     .collect();
                 if targets.is_empty() {
                     return refuse(format!(
