@@ -24,9 +24,19 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Where emxd listens when not told (`--control`): `/run/emx/emxd-<node>.sock`.
+/// The folder of emxd's control sockets when not told (`--control`):
+/// `$EMX_CONTROL_DIR` when set (a user who cannot write `/run`, say; emxd
+/// and emxctl both read it), else `/run/emx`.
+pub fn control_dir() -> PathBuf {
+    std::env::var_os("EMX_CONTROL_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from("/run/emx"), PathBuf::from)
+}
+
+/// Where emxd listens when not told (`--control`): `emxd-<node>.sock` in
+/// [`control_dir`], `/run/emx/emxd-<node>.sock` by default.
 pub fn default_control_path(node_name: &str) -> PathBuf {
-    PathBuf::from(format!("/run/emx/emxd-{node_name}.sock"))
+    control_dir().join(format!("emxd-{node_name}.sock"))
 }
 
 /// A control request.

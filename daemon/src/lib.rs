@@ -51,7 +51,8 @@
 //!   from their first frame (and learnt again when they come back from a
 //!   restart on another address).
 //! - **A control socket** ([`control`]): a Unix stream socket (default
-//!   [`control::default_control_path`], `/run/emx/emxd-<node>.sock`), one
+//!   [`control::default_control_path`], `/run/emx/emxd-<node>.sock`, or
+//!   in `$EMX_CONTROL_DIR` when set), one
 //!   JSON request per line, one JSON reply per line: `status`, `peers`,
 //!   `stats`, `check` (echo messages of given sizes off each peer that is up
 //!   and compare every byte) and `shutdown`. It is made mode 0600, so only
@@ -83,7 +84,7 @@
 //! # emxctl
 //!
 //! ```text
-//! emxctl [--control PATH | --node NAME] status|peers|stats|check|shutdown [--json]
+//! emxctl [--control PATH | --node NAME|ID] status|peers|stats|check|shutdown [--json]
 //! emxctl check [--peer NAME|ID] [--sizes 1000,1M,...]
 //! emxctl wait [--state up|down] [--peer NAME|ID] [--within SECONDS]
 //! ```

@@ -362,17 +362,30 @@ struct Daemon {
 
 impl Daemon {
     fn start(config: &Path, node: &str, dir: &TempDir, log: &str) -> Daemon {
+        Daemon::spawn(config, node, dir, log, false)
+    }
+
+    /// Started with no --control, in `EMX_CONTROL_DIR` = `dir`: its socket
+    /// is `emxd-<node>.sock` there.
+    fn start_default(config: &Path, node: &str, dir: &TempDir, log: &str) -> Daemon {
+        Daemon::spawn(config, node, dir, log, true)
+    }
+
+    fn spawn(config: &Path, node: &str, dir: &TempDir, log: &str, default: bool) -> Daemon {
         let log = dir.path(log);
-        let control = dir.path(&format!("{node}.sock"));
-        let child = Command::new(EMXD)
-            .args([
-                "--config",
-                config.to_str().unwrap(),
-                "--node",
-                node,
-                "--control",
-                control.to_str().unwrap(),
-            ])
+        let control = if default {
+            dir.path(&format!("emxd-{node}.sock"))
+        } else {
+            dir.path(&format!("{node}.sock"))
+        };
+        let mut cmd = Command::new(EMXD);
+        cmd.args(["--config", config.to_str().unwrap(), "--node", node]);
+        if default {
+            cmd.env("EMX_CONTROL_DIR", &dir.0);
+        } else {
+            cmd.arg("--control").arg(&control);
+        }
+        let child = cmd
             .env_remove("EMX_NODE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -1121,6 +1134,60 @@ fn a_check_of_a_peer_that_takes_nothing_ends() {
     let v = report(second);
     assert_eq!(v["failed"].as_u64(), Some(2), "{v}");
     assert!(v.to_string().contains("is still not taken"), "{v}");
+}
+
+/// emxctl finds an emxd by node id as well as by name (emxd takes either;
+/// a node's socket bears its name), and its search of the control folder
+/// passes over sockets nothing listens on (left by an emxd that was killed),
+/// which it used to count, refusing to choose. `EMX_CONTROL_DIR` moves the
+/// folder for both.
+#[test]
+fn emxctl_finds_emxd_by_id_and_passes_over_dead_sockets() {
+    let dir = TempDir::new("byid");
+    let config = cluster_file(&dir, true);
+    // A socket file of an emxd that was killed.
+    drop(std::os::unix::net::UnixListener::bind(dir.path("emxd-ghost.sock")).unwrap());
+    let a = Daemon::start_default(&config, "server", &dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let mut b = Daemon::start_default(&config, "client", &dir, "client.log");
+    wait_for(Duration::from_secs(15), "both up", || {
+        (a.peer(2)?.0 == "up" && b.peer(1)?.0 == "up").then_some(())
+    });
+    let ctl = |args: &[&str]| {
+        Command::new(EMXCTL)
+            .args(args)
+            .env("EMX_CONTROL_DIR", &dir.0)
+            .output()
+            .unwrap()
+    };
+    for (node, name) in [("1", "server"), ("2", "client"), ("client", "client")] {
+        let o = ctl(&["--node", node, "status", "--json"]);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        assert_eq!(v["name"], name, "--node {node}: {v} {}", stderr(&o));
+    }
+    let o = ctl(&["--node", "9", "status"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("no emxd of node id 9 answers in"),
+        "{}",
+        stderr(&o)
+    );
+    // Two answer: emxctl names them, and not the dead one.
+    let o = ctl(&["status"]);
+    let err = stderr(&o);
+    assert!(err.contains("several emxd control sockets"), "{err}");
+    assert!(
+        err.contains("emxd-server.sock") && !err.contains("ghost"),
+        "{err}"
+    );
+    b.signal(Signal::SIGTERM);
+    assert!(b.wait(Duration::from_secs(8)).success(), "{}", b.log());
+    let o = ctl(&["status", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    assert_eq!(v["name"], "server", "{v} {}", stderr(&o));
 }
 
 /// The MAC of a daemon's port, from its status.

@@ -43,10 +43,12 @@ struct Args {
     /// The control socket of the emxd to ask.
     #[arg(long, value_name = "PATH", conflicts_with = "node", global = true)]
     control: Option<PathBuf>,
-    /// The node whose emxd to ask, by name: its socket is
-    /// /run/emx/emxd-NAME.sock. Without this or --control: the only emxd
-    /// socket in /run/emx.
-    #[arg(long, value_name = "NAME", global = true)]
+    /// The node whose emxd to ask, by name (its socket is
+    /// /run/emx/emxd-NAME.sock) or by id (the emxd in /run/emx that says it
+    /// runs that node). Without this or --control: the only emxd that
+    /// answers in /run/emx. ($EMX_CONTROL_DIR, when set, stands for
+    /// /run/emx, as for emxd.)
+    #[arg(long, value_name = "NAME|ID", global = true)]
     node: Option<String>,
     /// Print emxd's reply as it is (JSON) instead of tables.
     #[arg(long, global = true)]
@@ -137,34 +139,27 @@ fn main() -> ExitCode {
     }
 }
 
-/// The socket to talk to: --control, --node, or the only one in /run/emx.
+/// The socket to talk to: --control, --node (a name, or an id asked of
+/// every emxd there), or the only one that answers in the control folder
+/// (`/run/emx`).
 fn socket(args: &Args) -> Result<PathBuf, String> {
     if let Some(p) = &args.control {
         return Ok(p.clone());
     }
+    let dir = control::control_dir();
     if let Some(n) = &args.node {
-        return Ok(default_control_path(n));
+        let path = default_control_path(n);
+        // Names are never numbers (the cluster file's rule): a number is an id.
+        return match n.parse::<u16>() {
+            Ok(id) if !path.exists() => by_id(id, &dir),
+            _ => Ok(path),
+        };
     }
-    let dir = default_control_path("x")
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let found: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|rd| {
-            rd.filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("emxd-") && n.ends_with(".sock"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let found = live_sockets(&dir);
     match found.len() {
         1 => Ok(found[0].clone()),
         0 => Err(format!(
-            "no emxd control socket in {}: is emxd running? start it with \
+            "no emxd control socket answers in {}: is emxd running? start it with \
              emxd --config FILE --node NAME, or pass --control PATH",
             dir.display()
         )),
@@ -176,6 +171,43 @@ fn socket(args: &Args) -> Result<PathBuf, String> {
             ))
         }
     }
+}
+
+/// The `emxd-*.sock` sockets in `dir` that something listens on: one left by
+/// an emxd that was killed refuses connections, and is no emxd to choose.
+fn live_sockets(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("emxd-") && n.ends_with(".sock"))
+                })
+                .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+/// The socket of the emxd in `dir` that runs node `id`: each that answers
+/// is asked its status.
+fn by_id(id: u16, dir: &std::path::Path) -> Result<PathBuf, String> {
+    let live = live_sockets(dir);
+    for p in &live {
+        let status = control::request(p, &Request::Status, Duration::from_secs(2));
+        if status.is_ok_and(|v| v["node"].as_u64() == Some(u64::from(id))) {
+            return Ok(p.clone());
+        }
+    }
+    Err(format!(
+        "no emxd of node id {id} answers in {} ({} asked); give --node NAME or --control PATH",
+        dir.display(),
+        live.len()
+    ))
 }
 
 /// `emxctl wait`: polls `peers` until the chosen ones are all in `want`,
