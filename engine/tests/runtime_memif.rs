@@ -266,7 +266,13 @@ fn exchange(mtu: Option<u16>, room_a: u16, room_b: u16, largest: usize) {
 /// mbufs until later bursts need their ring slots.
 struct LazyFree {
     inner: DpdkIo,
+    /// References to registered payloads of frames built and not yet sent,
+    /// in build order (one per frame with a payload attached: a chain).
+    built: std::collections::VecDeque<dpdk_ffi::ExtBuf>,
+    /// Those of frames sent, kept as a NIC keeps sent frames until reclaimed.
     held: Vec<dpdk_ffi::ExtBuf>,
+    /// While set, the link takes nothing (full).
+    jam: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl PacketIo for LazyFree {
@@ -275,7 +281,15 @@ impl PacketIo for LazyFree {
         self.inner.recv(out, max)
     }
     fn send(&mut self, frames: &mut Vec<Self::Frame>) -> usize {
-        self.inner.send(frames)
+        if self.jam.load(std::sync::atomic::Ordering::Relaxed) {
+            return 0;
+        }
+        let chained: Vec<bool> = frames.iter().map(|f| f.nb_segs() > 1).collect();
+        let n = self.inner.send(frames);
+        for _ in chained[..n].iter().filter(|&&c| c) {
+            self.held.extend(self.built.pop_front());
+        }
+        n
     }
     fn attach(
         &mut self,
@@ -283,7 +297,7 @@ impl PacketIo for LazyFree {
         payload: emx::io::Payload<'_>,
     ) -> Result<(), emx::io::IoError> {
         if let emx::io::Payload::Registered { buf, .. } = &payload {
-            self.held.push(buf.share()?);
+            self.built.push_back(buf.share()?);
         }
         self.inner.attach(frame, payload)
     }
@@ -334,7 +348,9 @@ fn a_registered_send_comes_back_writable_from_a_lazy_link() {
     };
     let io_a = LazyFree {
         inner: DpdkIo::new(&pa, 0, &pool_a).unwrap(),
+        built: Default::default(),
         held: Vec::new(),
+        jam: Default::default(),
     };
     let io_b = DpdkIo::new(&pb, 0, &pool_b).unwrap();
     let mut a = Driver::new(core(io_a.mac(), 1, &pb, 2), io_a);
@@ -376,6 +392,127 @@ fn a_registered_send_comes_back_writable_from_a_lazy_link() {
     let Some(SendBuf::Registered(mut x)) = back else {
         panic!("the registered buffer comes back");
     };
+    assert_eq!(x.in_flight(), 0, "frames still hold the buffer");
+    assert!(x.as_mut_slice().is_some(), "the buffer is writable again");
+}
+
+/// A registered send's buffer comes back writable also when, as its send
+/// completed, a copy of one of its frames still waited in the driver's
+/// backlog (a retransmission that a full link held back): the driver has
+/// the link let go of sent frames again once the backlog has left. It used
+/// to reclaim only at the hand-back, which could not reach that copy, and
+/// the buffer stayed unwritable until later traffic freed the NIC's ring.
+#[test]
+fn a_registered_send_comes_back_writable_after_a_held_back_retransmission() {
+    use std::sync::atomic::Ordering;
+    let eal = Eal::builder().memory_mb(256).init().unwrap();
+    let pool_a = Mempool::new(&eal, "rt-jam-a", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
+    let pool_b = Mempool::new(&eal, "rt-jam-b", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
+    let (pa, pb, _sock) = memif_ports(&eal, &PortConfig::default(), &pool_a, &pool_b, "jam");
+    pa.wait_link(Duration::from_secs(10)).unwrap();
+    pb.wait_link(Duration::from_secs(10)).unwrap();
+    let clock = Clock::new();
+    let core = |io_mac, node, peer: &Port, peer_node| {
+        let mut core = Core::new(
+            CoreConfig::default(),
+            Addr::new(node, 0),
+            MacAddr(io_mac),
+            1,
+            clock.now(),
+        )
+        .unwrap();
+        core.add_peer(Addr::new(peer_node, 0), MacAddr(peer.mac()))
+            .unwrap();
+        core
+    };
+    let jam = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let io_a = LazyFree {
+        inner: DpdkIo::new(&pa, 0, &pool_a).unwrap(),
+        built: Default::default(),
+        held: Vec::new(),
+        jam: jam.clone(),
+    };
+    let io_b = DpdkIo::new(&pb, 0, &pool_b).unwrap();
+    let mut a = Driver::new(core(io_a.mac(), 1, &pb, 2), io_a);
+    let mut b = Driver::new(core(io_b.mac(), 2, &pa, 1), io_b);
+    let region = ExtMem::new(&eal, 1 << 20).unwrap();
+    let len = 16_000;
+    let mut x = region.alloc(len, 64).unwrap();
+    x.as_mut_slice().unwrap().fill(7);
+    // A's time runs ahead of the clock by `skew` (past its retransmission
+    // timeout), so that its frames go out again while the link is jammed.
+    let mut skew = Duration::ZERO;
+    let mut back = None;
+    let poll_a = |a: &mut Driver<LazyFree>, skew: Duration, back: &mut Option<SendBuf>| {
+        a.progress(clock.now() + skew, |c| {
+            if let Completion::Send(s) = c {
+                s.result.unwrap();
+                *back = Some(s.buf);
+            }
+        });
+    };
+    // The session first: a message, sent and acknowledged.
+    a.core()
+        .send(
+            clock.now(),
+            Addr::new(2, 0),
+            9,
+            SendBuf::Owned(vec![1; 8]),
+            0,
+        )
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut greeted = false;
+    while !greeted {
+        assert!(Instant::now() < deadline, "no session");
+        a.progress(clock.now(), |c| {
+            if let Completion::Send(s) = c {
+                s.result.unwrap();
+                greeted = true;
+            }
+        });
+        b.progress(clock.now(), |_| {});
+    }
+    b.core()
+        .post_recv(
+            clock.now(),
+            Some(Addr::new(1, 0)),
+            1,
+            u64::MAX,
+            RecvBuf::Owned(vec![0; len]),
+            0,
+        )
+        .unwrap();
+    a.core()
+        .send(clock.now(), Addr::new(2, 0), 1, SendBuf::Registered(x), 0)
+        .unwrap();
+    // Sent once, not yet taken by B.
+    for _ in 0..4 {
+        poll_a(&mut a, skew, &mut back);
+    }
+    assert!(a.io_stats().payload_attached > 0, "{:?}", a.io_stats());
+    jam.store(true, Ordering::Relaxed);
+    skew = Duration::from_millis(50);
+    for _ in 0..4 {
+        poll_a(&mut a, skew, &mut back);
+    }
+    // B takes the first copies and acknowledges them; A completes the send
+    // with the copies made for the retransmission still in its backlog.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while back.is_none() {
+        assert!(Instant::now() < deadline, "the send did not complete");
+        b.progress(clock.now(), |_| {});
+        poll_a(&mut a, skew, &mut back);
+    }
+    let Some(SendBuf::Registered(mut x)) = back.take() else {
+        panic!("the registered buffer comes back");
+    };
+    assert!(x.in_flight() != 0, "the held-back copies refer to it");
+    jam.store(false, Ordering::Relaxed);
+    for _ in 0..20 {
+        poll_a(&mut a, skew, &mut back);
+        b.progress(clock.now(), |_| {});
+    }
     assert_eq!(x.in_flight(), 0, "frames still hold the buffer");
     assert!(x.as_mut_slice().is_some(), "the buffer is writable again");
 }

@@ -150,7 +150,8 @@ impl Progress {
 /// Received frames go to the core of their destination endpoint, found with
 /// [`peek_dst`](crate::wire::peek_dst) (a few loads; the core still validates the whole frame);
 /// frames for no local endpoint go to the first core, which counts and drops
-/// them. Cores take turns building frames.
+/// them. Cores take turns building frames: each transmit round starts with
+/// the next one.
 pub struct Driver<L: PacketIo> {
     cores: Vec<RuntimeCore>,
     /// Endpoint id -> index in `cores` (`NO_CORE` where none).
@@ -178,6 +179,14 @@ pub struct Driver<L: PacketIo> {
     /// Bytes a frame is built in: headers plus one frame's payload, so that the
     /// cores can pack small messages in place.
     room: usize,
+    /// A registered buffer went back while frames waiting in `tx` may refer
+    /// to it: the link is asked to let go of sent frames again once `tx`
+    /// has left (the one reclaim at the hand-back could not reach them).
+    reclaim_owed: bool,
+    /// The core that builds first in the next transmit round: they take
+    /// turns, so that one with a full window cannot keep a full link (and
+    /// the backlog) to itself round after round.
+    first: usize,
     /// The link, last: fields drop in order, and the frames above must go
     /// back to its pool before it (and perhaps the pool) goes.
     io: L,
@@ -238,6 +247,8 @@ impl<L: PacketIo> Driver<L> {
             build_failures: 0,
             no_buffer: 0,
             copied: 0,
+            reclaim_owed: false,
+            first: 0,
         }
     }
 
@@ -399,12 +410,17 @@ impl<L: PacketIo> Driver<L> {
                 if !self.lent.is_empty() {
                     give_lent(&mut self.lent, i, &mut c);
                 }
-                if !reclaimed && held_by_frames(&c) {
+                if held_by_frames(&c) {
                     // A NIC still holding the sent frames would keep the
                     // buffer unwritable until later bursts needed their
-                    // ring slots: none may come.
-                    self.io.reclaim();
-                    reclaimed = true;
+                    // ring slots: none may come. Frames still in the
+                    // backlog (a retransmission that a full link held back)
+                    // are reached by a reclaim once they left.
+                    if !reclaimed {
+                        self.io.reclaim();
+                        reclaimed = true;
+                    }
+                    self.reclaim_owed |= !self.tx.is_empty();
                 }
                 on_completion(i, c);
             }
@@ -417,65 +433,88 @@ impl<L: PacketIo> Driver<L> {
     /// returns how many it took.
     #[inline]
     fn transmit(&mut self, now: Time) -> usize {
-        // Build frames in place, core by core, until none has more or the
-        // backlog for a full link is reached.
-        'cores: for i in 0..self.cores.len() {
-            // Preparing a frame costs an allocation and a header's room:
-            // skip it on the (common) idle poll.
-            while self.tx.len() < TX_BACKLOG && self.cores[i].may_transmit() {
-                let mut f = match self.spare.take() {
-                    Some(f) => f,
-                    None => match self.ready_frame() {
-                        Ok(f) => f,
-                        Err(NotReady::NoBuffer) => {
-                            self.no_buffer += 1;
-                            break 'cores;
-                        }
-                        Err(NotReady::NoRoom) => {
-                            self.build_failures += 1;
-                            break 'cores;
-                        }
-                    },
-                };
-                // (a ready frame holds just what was put)
-                let Some(hdr) = f.bytes_mut() else {
-                    self.build_failures += 1;
-                    break 'cores;
-                };
-                let core = &mut self.cores[i];
-                let Some(t) = core.poll_transmit(now, hdr) else {
-                    // Kept as it is, ready for the next frame.
-                    self.spare = Some(f);
-                    break;
-                };
-                self.io.truncate(&mut f, t.header_len);
-                self.copied += t.copied as u64;
-                if let Some(pr) = t.payload {
-                    let buf = core
-                        .send_buffer(pr.req)
-                        .expect("the core keeps a send's buffer while frames refer to it");
-                    if self
-                        .io
-                        .attach(&mut f, buf.payload(pr.offset as usize, pr.len as usize))
-                        .is_err()
-                    {
-                        // Treated as lost on the wire: the core retransmits it.
-                        // No more this round: the next would most likely fail
-                        // the same way (the link is out of buffers), and each
-                        // frame taken from the core and dropped waits out a
-                        // retransmission timeout.
-                        self.build_failures += 1;
-                        break 'cores;
-                    }
-                }
-                self.tx.push(f);
+        // Build frames in place, core by core (starting from each in turn),
+        // until none has more or the backlog for a full link is reached.
+        let n = self.cores.len();
+        if n == 1 {
+            self.build(0, now);
+        } else {
+            let first = self.first;
+            self.first = if first + 1 == n { 0 } else { first + 1 };
+            let go_on = (first..n).all(|i| self.build(i, now));
+            if go_on {
+                let _ = (0..first).all(|i| self.build(i, now));
             }
         }
         if self.tx.is_empty() {
-            0
-        } else {
-            self.io.send(&mut self.tx)
+            return 0;
         }
+        let sent = self.io.send(&mut self.tx);
+        if self.reclaim_owed && self.tx.is_empty() {
+            // The backlog has left (only here does it): what it held of a
+            // buffer already handed back can be let go of now.
+            self.io.reclaim();
+            self.reclaim_owed = false;
+        }
+        sent
+    }
+
+    /// Builds core `i`'s frames into the backlog until it has no more or
+    /// the backlog is full; false when the round should end (no buffer, a
+    /// frame that could not be built).
+    #[inline(always)]
+    fn build(&mut self, i: usize, now: Time) -> bool {
+        // Preparing a frame costs an allocation and a header's room:
+        // skip it on the (common) idle poll.
+        while self.tx.len() < TX_BACKLOG && self.cores[i].may_transmit() {
+            let mut f = match self.spare.take() {
+                Some(f) => f,
+                None => match self.ready_frame() {
+                    Ok(f) => f,
+                    Err(NotReady::NoBuffer) => {
+                        self.no_buffer += 1;
+                        return false;
+                    }
+                    Err(NotReady::NoRoom) => {
+                        self.build_failures += 1;
+                        return false;
+                    }
+                },
+            };
+            // (a ready frame holds just what was put)
+            let Some(hdr) = f.bytes_mut() else {
+                self.build_failures += 1;
+                return false;
+            };
+            let core = &mut self.cores[i];
+            let Some(t) = core.poll_transmit(now, hdr) else {
+                // Kept as it is, ready for the next frame.
+                self.spare = Some(f);
+                return true;
+            };
+            self.io.truncate(&mut f, t.header_len);
+            self.copied += t.copied as u64;
+            if let Some(pr) = t.payload {
+                let buf = core
+                    .send_buffer(pr.req)
+                    .expect("the core keeps a send's buffer while frames refer to it");
+                if self
+                    .io
+                    .attach(&mut f, buf.payload(pr.offset as usize, pr.len as usize))
+                    .is_err()
+                {
+                    // Treated as lost on the wire: the core retransmits it.
+                    // No more this round: the next would most likely fail
+                    // the same way (the link is out of buffers), and each
+                    // frame taken from the core and dropped waits out a
+                    // retransmission timeout.
+                    self.build_failures += 1;
+                    return false;
+                }
+            }
+            self.tx.push(f);
+        }
+        true
     }
 }
 
