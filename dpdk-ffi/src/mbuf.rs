@@ -26,9 +26,17 @@ unsafe impl Send for Mbuf {}
 impl Mbuf {
     /// Takes an mbuf from the pool.
     pub fn alloc(pool: &Mempool) -> Result<Mbuf> {
+        Mbuf::try_alloc(pool).ok_or_else(|| pool.exhausted())
+    }
+
+    /// [`Mbuf::alloc`] without the error: `None` when the pool is empty. For
+    /// a fast path that meets an empty pool over and over (a poll loop under
+    /// pressure), where the error's text would cost an allocation each time.
+    #[inline]
+    pub fn try_alloc(pool: &Mempool) -> Option<Mbuf> {
         // SAFETY: the pool is alive while `pool` is.
         let m = unsafe { sys::rte_pktmbuf_alloc(pool.as_ptr()) };
-        NonNull::new(m).map(Mbuf).ok_or_else(|| pool.exhausted())
+        NonNull::new(m).map(Mbuf)
     }
 
     /// Takes ownership of a raw mbuf.

@@ -516,3 +516,121 @@ fn a_registered_send_comes_back_writable_after_a_held_back_retransmission() {
     assert_eq!(x.in_flight(), 0, "frames still hold the buffer");
     assert!(x.as_mut_slice().is_some(), "the buffer is writable again");
 }
+
+/// Counts allocations made by a thread while its flag is up.
+struct Counting;
+
+static ALLOCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+thread_local! {
+    static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// counter and the const-initialised thread-local flag neither allocate nor
+// touch the memory handed out.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if COUNTING.with(std::cell::Cell::get) {
+            ALLOCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.with(std::cell::Cell::get) {
+            ALLOCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// A driver whose pool is empty keeps polling, and a send keeps waiting for
+/// a buffer, with no allocation: each attempt used to build the pool's
+/// "exhausted" error as text (two allocations), on every idle poll and every
+/// transmit round, just when the process was under pressure.
+#[test]
+fn an_empty_pool_is_met_with_no_allocation() {
+    let eal = Eal::builder().memory_mb(256).init().unwrap();
+    let pool_a = Mempool::new(&eal, "rt-dry-a", 511, 0, DEFAULT_DATA_ROOM).unwrap();
+    let pool_b = Mempool::new(&eal, "rt-dry-b", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
+    let (pa, pb, _sock) = memif_ports(&eal, &PortConfig::default(), &pool_a, &pool_b, "dry");
+    pa.wait_link(Duration::from_secs(10)).unwrap();
+    pb.wait_link(Duration::from_secs(10)).unwrap();
+    let clock = Clock::new();
+    let core = |io_mac, node, peer: &Port, peer_node| {
+        let mut core = Core::new(
+            CoreConfig::default(),
+            Addr::new(node, 0),
+            MacAddr(io_mac),
+            1,
+            clock.now(),
+        )
+        .unwrap();
+        core.add_peer(Addr::new(peer_node, 0), MacAddr(peer.mac()))
+            .unwrap();
+        core
+    };
+    let io_a = DpdkIo::new(&pa, 0, &pool_a).unwrap();
+    let io_b = DpdkIo::new(&pb, 0, &pool_b).unwrap();
+    let mut a = Driver::new(core(io_a.mac(), 1, &pb, 2), io_a);
+    let mut b = Driver::new(core(io_b.mac(), 2, &pa, 1), io_b);
+    // Every buffer of A's pool taken.
+    let mut taken = Vec::with_capacity(1024);
+    while let Some(m) = dpdk_ffi::Mbuf::try_alloc(&pool_a) {
+        taken.push(m);
+    }
+    assert!(!taken.is_empty());
+    a.core()
+        .send(
+            clock.now(),
+            Addr::new(2, 0),
+            1,
+            SendBuf::Owned(vec![1; 64]),
+            0,
+        )
+        .unwrap();
+    let mut completions = 0;
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..200 {
+        a.progress(clock.now(), |_| completions += 1);
+        b.progress(clock.now(), |_| {});
+    }
+    COUNTING.with(|c| c.set(false));
+    let allocs = ALLOCS.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(completions, 0, "nothing could leave");
+    assert!(a.io_stats().tx_no_buffer > 0, "{:?}", a.io_stats());
+    assert_eq!(allocs, 0, "allocations while the pool was empty");
+    // Buffers back: the send leaves.
+    drop(taken);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut r = None;
+    b.core()
+        .post_recv(
+            clock.now(),
+            Some(Addr::new(1, 0)),
+            1,
+            u64::MAX,
+            RecvBuf::Owned(vec![0; 64]),
+            0,
+        )
+        .unwrap();
+    while r.is_none() {
+        assert!(Instant::now() < deadline, "the send never left");
+        a.progress(clock.now(), |_| {});
+        b.progress(clock.now(), |c| {
+            if let Completion::Recv(d) = c {
+                r = Some(d.result.is_ok());
+            }
+        });
+    }
+    assert_eq!(r, Some(true));
+}

@@ -47,6 +47,8 @@ pub struct DpdkIo {
     zero_copy: bool,
     copy_below: usize,
     stats: IoStats,
+    /// What an empty pool says ([`IoError::NoBuffer`]), made once.
+    exhausted: std::sync::Arc<str>,
 }
 
 impl DpdkIo {
@@ -79,6 +81,12 @@ impl DpdkIo {
             zero_copy: port.multi_seg_tx(),
             copy_below: COPY_BELOW,
             stats: IoStats::default(),
+            exhausted: dpdk_ffi::Error::MempoolExhausted {
+                pool: pool.name().to_owned(),
+                size: pool.size(),
+            }
+            .to_string()
+            .into(),
         })
     }
 
@@ -96,7 +104,7 @@ impl DpdkIo {
     }
 
     fn segment(&self) -> Result<Mbuf, IoError> {
-        Mbuf::alloc(&self.pool).map_err(|e| IoError::NoBuffer(e.to_string()))
+        Mbuf::try_alloc(&self.pool).ok_or_else(|| IoError::NoBuffer(self.exhausted.clone()))
     }
 
     /// Copies `bytes` to the end of the frame, adding segments when the last

@@ -134,9 +134,11 @@ pub type Mac = [u8; 6];
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IoError {
-    /// No frame buffer is free (the mempool is exhausted).
+    /// No frame buffer is free (the mempool is exhausted). Shared text: a
+    /// link meets this over and over under pressure, and says it with no
+    /// allocation.
     #[error("no free frame buffer: {0}")]
-    NoBuffer(String),
+    NoBuffer(std::sync::Arc<str>),
     /// The frame would exceed the link's maximum frame size.
     #[error("frame of {wanted} bytes exceeds the link's maximum of {max}")]
     TooLong {
