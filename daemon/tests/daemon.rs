@@ -1190,6 +1190,87 @@ fn emxctl_finds_emxd_by_id_and_passes_over_dead_sockets() {
     assert_eq!(v["name"], "server", "{v} {}", stderr(&o));
 }
 
+/// A check compares every byte of what comes back: an echo with one byte
+/// changed fails it, and so does a short one. (Every other test, and both
+/// testbeds, saw correct echoes only: a comparison that passed anything
+/// would have passed them all.) Node 2 is this test: it answers each check
+/// message itself, altered.
+#[test]
+fn a_check_fails_on_an_echo_that_differs() {
+    let dir = TempDir::new("badecho");
+    let config = cluster_file(&dir, true);
+    let a = Daemon::start(&config, "server", &dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let cluster = ClusterConfig::load(&config).unwrap();
+    let node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
+    let mut engine = node.engine;
+    let mut b = engine.endpoint_id(0).unwrap();
+    let t = Instant::now();
+    loop {
+        b.progress();
+        if a.peer(2).is_some_and(|(s, _)| s == "up") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "B never up");
+    }
+    let server = emx::proto::Addr::new(1, 0);
+    for (alter, says) in [
+        (
+            (|m: &mut Vec<u8>| m[500] ^= 1) as fn(&mut Vec<u8>),
+            "byte 500 of the echo differs",
+        ),
+        (
+            |m: &mut Vec<u8>| m.truncate(999),
+            "the echo is 999 bytes long, 1000 were sent",
+        ),
+    ] {
+        let mut check = Command::new(EMXCTL)
+            .arg("--control")
+            .arg(&a.control)
+            .args(["check", "--json", "--sizes", "1000"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Take the check message (any bits), answer it altered.
+        let r = b.irecv(Some(server), 0, 0, vec![0u8; 2000]).unwrap();
+        let t = Instant::now();
+        let (mut msg, info) = loop {
+            if let Some(c) = b.test(r).unwrap() {
+                let (buf, info) = c.into_recv().unwrap();
+                break (buf.as_ref()[..info.copied as usize].to_vec(), info);
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "no check message");
+        };
+        assert_eq!(msg.len(), 1000);
+        alter(&mut msg);
+        let s = b
+            .isend(server, emx_daemon::ops::answer_bits(info.match_bits), msg)
+            .unwrap();
+        let t = Instant::now();
+        let status = loop {
+            b.progress();
+            if let Some(st) = check.try_wait().unwrap() {
+                break st;
+            }
+            assert!(t.elapsed() < Duration::from_secs(15), "no report");
+        };
+        b.wait(s).unwrap().into_send().unwrap();
+        let out = check.wait_with_output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(!status.success(), "{v}");
+        assert_eq!(
+            (v["passed"].as_u64(), v["failed"].as_u64()),
+            (Some(0), Some(1)),
+            "{v}"
+        );
+        let error = v["results"][0]["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{v}");
+    }
+}
+
 /// The MAC of a daemon's port, from its status.
 fn port_mac(d: &Daemon) -> Option<String> {
     d.json(&["status"])["link"]["mac"]

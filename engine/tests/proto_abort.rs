@@ -75,7 +75,11 @@ impl Book {
                 Completion::Recv(r) => (r.ctx, r.result.err()),
             };
             if k == 0 && self.reqs.contains_key(&ctx) {
-                *self.done.entry(ctx).or_default() += 1;
+                let n = self.done.entry(ctx).or_default();
+                *n += 1;
+                // Once, whenever it comes: a late ACK or NOTIFY must not
+                // complete an aborted request a second time.
+                assert_eq!(*n, 1, "request {ctx} came back twice");
                 if aborted {
                     assert_eq!(err, Some(RequestError::Aborted), "request {ctx}");
                 }
