@@ -1059,6 +1059,29 @@ fn a_port_that_came_up_with_another_mac_is_a_configuration_error() {
     b.wait(Duration::from_secs(8));
 }
 
+/// emxd as node 1 (the server) and, as node 2, an engine of this test's own
+/// (inline, endpoint 0), which the test drives: once A sees it up.
+fn emxd_and_a_bare_node(dir: &TempDir) -> (Daemon, emx::runtime::Node, emx::runtime::Endpoint) {
+    let config = cluster_file(dir, true);
+    let a = Daemon::start(&config, "server", dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let cluster = ClusterConfig::load(&config).unwrap();
+    let mut node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
+    let mut b = node.engine.endpoint_id(0).unwrap();
+    let t = Instant::now();
+    loop {
+        b.progress();
+        if a.peer(2).is_some_and(|(s, _)| s == "up") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "B never up");
+    }
+    (a, node, b)
+}
+
 /// A check of a peer that is alive but takes no messages (here an engine
 /// that posts no receive) ends when its messages time out: the rendezvous
 /// message it sent is never pulled, and its send never completes (nothing
@@ -1068,24 +1091,7 @@ fn a_port_that_came_up_with_another_mac_is_a_configuration_error() {
 #[test]
 fn a_check_of_a_peer_that_takes_nothing_ends() {
     let dir = TempDir::new("takesnothing");
-    let config = cluster_file(&dir, true);
-    let a = Daemon::start(&config, "server", &dir, "server.log");
-    let memif = dir.path("memif.sock");
-    wait_for(Duration::from_secs(10), "the memif socket", || {
-        memif.exists().then_some(())
-    });
-    let cluster = ClusterConfig::load(&config).unwrap();
-    let node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
-    let mut engine = node.engine;
-    let mut b = engine.endpoint_id(0).unwrap();
-    let t = Instant::now();
-    loop {
-        b.progress();
-        if a.peer(2).is_some_and(|(s, _)| s == "up") {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "B never up");
-    }
+    let (a, _node, mut b) = emxd_and_a_bare_node(&dir);
     // Driven (so that it answers and acknowledges), but with no receive.
     let mut drive_until = |child: &mut Child, limit: Duration| {
         let t = Instant::now();
@@ -1198,24 +1204,7 @@ fn emxctl_finds_emxd_by_id_and_passes_over_dead_sockets() {
 #[test]
 fn a_check_fails_on_an_echo_that_differs() {
     let dir = TempDir::new("badecho");
-    let config = cluster_file(&dir, true);
-    let a = Daemon::start(&config, "server", &dir, "server.log");
-    let memif = dir.path("memif.sock");
-    wait_for(Duration::from_secs(10), "the memif socket", || {
-        memif.exists().then_some(())
-    });
-    let cluster = ClusterConfig::load(&config).unwrap();
-    let node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
-    let mut engine = node.engine;
-    let mut b = engine.endpoint_id(0).unwrap();
-    let t = Instant::now();
-    loop {
-        b.progress();
-        if a.peer(2).is_some_and(|(s, _)| s == "up") {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "B never up");
-    }
+    let (a, _node, mut b) = emxd_and_a_bare_node(&dir);
     let server = emx::proto::Addr::new(1, 0);
     for (alter, says) in [
         (

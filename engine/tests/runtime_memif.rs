@@ -135,6 +135,58 @@ fn memif_ports(
     (pa, pb, sock)
 }
 
+/// An EAL, a memif pair (port `pa` on `pool_a`, `pb` on `pool_b`, both up)
+/// and a clock; fields drop in order, ports before their pools and the EAL.
+struct Rig {
+    clock: Clock,
+    pa: Port,
+    pb: Port,
+    pool_a: Mempool,
+    pool_b: Mempool,
+    _sock: String,
+    eal: Eal,
+}
+
+impl Rig {
+    /// `pool_a` holds `n` mbufs with a per-core cache of `cache`; `pool_b`
+    /// 2047 with 32.
+    fn new(tag: &str, n: u32, cache: u32) -> Rig {
+        let eal = Eal::builder().memory_mb(256).init().unwrap();
+        let pool_a =
+            Mempool::new(&eal, &format!("rt-{tag}-a"), n, cache, DEFAULT_DATA_ROOM).unwrap();
+        let pool_b =
+            Mempool::new(&eal, &format!("rt-{tag}-b"), 2047, 32, DEFAULT_DATA_ROOM).unwrap();
+        let (pa, pb, sock) = memif_ports(&eal, &PortConfig::default(), &pool_a, &pool_b, tag);
+        pa.wait_link(Duration::from_secs(10)).unwrap();
+        pb.wait_link(Duration::from_secs(10)).unwrap();
+        Rig {
+            clock: Clock::new(),
+            pa,
+            pb,
+            pool_a,
+            pool_b,
+            _sock: sock,
+            eal,
+        }
+    }
+
+    /// A core of node `node` endpoint 0 on the port with `mac`, with node
+    /// `peer_node` endpoint 0 on `peer` as its peer.
+    fn core(&self, mac: [u8; 6], node: u16, peer: &Port, peer_node: u16) -> Core<SendBuf, RecvBuf> {
+        let mut core = Core::new(
+            CoreConfig::default(),
+            Addr::new(node, 0),
+            MacAddr(mac),
+            1,
+            self.clock.now(),
+        )
+        .unwrap();
+        core.add_peer(Addr::new(peer_node, 0), MacAddr(peer.mac()))
+            .unwrap();
+        core
+    }
+}
+
 /// A data room for a 9018-byte frame and the headroom.
 const JUMBO_ROOM: u16 = 9216;
 
@@ -326,36 +378,27 @@ impl PacketIo for LazyFree {
 /// nothing more could wait for ever.
 #[test]
 fn a_registered_send_comes_back_writable_from_a_lazy_link() {
-    let eal = Eal::builder().memory_mb(256).init().unwrap();
-    let pool_a = Mempool::new(&eal, "rt-lazy-a", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
-    let pool_b = Mempool::new(&eal, "rt-lazy-b", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
-    let (pa, pb, _sock) = memif_ports(&eal, &PortConfig::default(), &pool_a, &pool_b, "lazy");
-    pa.wait_link(Duration::from_secs(10)).unwrap();
-    pb.wait_link(Duration::from_secs(10)).unwrap();
-    let clock = Clock::new();
-    let core = |io_mac, node, peer: &Port, peer_node| {
-        let mut core = Core::new(
-            CoreConfig::default(),
-            Addr::new(node, 0),
-            MacAddr(io_mac),
-            1,
-            clock.now(),
-        )
-        .unwrap();
-        core.add_peer(Addr::new(peer_node, 0), MacAddr(peer.mac()))
-            .unwrap();
-        core
-    };
+    let rig = Rig::new("lazy", 2047, 32);
+    let Rig {
+        eal,
+        pool_a,
+        pool_b,
+        pa,
+        pb,
+        clock,
+        ..
+    } = &rig;
+    let core = |io_mac, node, peer: &Port, peer_node| rig.core(io_mac, node, peer, peer_node);
     let io_a = LazyFree {
-        inner: DpdkIo::new(&pa, 0, &pool_a).unwrap(),
+        inner: DpdkIo::new(pa, 0, pool_a).unwrap(),
         built: Default::default(),
         held: Vec::new(),
         jam: Default::default(),
     };
-    let io_b = DpdkIo::new(&pb, 0, &pool_b).unwrap();
-    let mut a = Driver::new(core(io_a.mac(), 1, &pb, 2), io_a);
-    let mut b = Driver::new(core(io_b.mac(), 2, &pa, 1), io_b);
-    let region = ExtMem::new(&eal, 1 << 20).unwrap();
+    let io_b = DpdkIo::new(pb, 0, pool_b).unwrap();
+    let mut a = Driver::new(core(io_a.mac(), 1, pb, 2), io_a);
+    let mut b = Driver::new(core(io_b.mac(), 2, pa, 1), io_b);
+    let region = ExtMem::new(eal, 1 << 20).unwrap();
     let len = 16_000;
     let mut x = region.alloc(len, 64).unwrap();
     x.as_mut_slice().unwrap().fill(7);
@@ -405,37 +448,28 @@ fn a_registered_send_comes_back_writable_from_a_lazy_link() {
 #[test]
 fn a_registered_send_comes_back_writable_after_a_held_back_retransmission() {
     use std::sync::atomic::Ordering;
-    let eal = Eal::builder().memory_mb(256).init().unwrap();
-    let pool_a = Mempool::new(&eal, "rt-jam-a", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
-    let pool_b = Mempool::new(&eal, "rt-jam-b", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
-    let (pa, pb, _sock) = memif_ports(&eal, &PortConfig::default(), &pool_a, &pool_b, "jam");
-    pa.wait_link(Duration::from_secs(10)).unwrap();
-    pb.wait_link(Duration::from_secs(10)).unwrap();
-    let clock = Clock::new();
-    let core = |io_mac, node, peer: &Port, peer_node| {
-        let mut core = Core::new(
-            CoreConfig::default(),
-            Addr::new(node, 0),
-            MacAddr(io_mac),
-            1,
-            clock.now(),
-        )
-        .unwrap();
-        core.add_peer(Addr::new(peer_node, 0), MacAddr(peer.mac()))
-            .unwrap();
-        core
-    };
+    let rig = Rig::new("jam", 2047, 32);
+    let Rig {
+        eal,
+        pool_a,
+        pool_b,
+        pa,
+        pb,
+        clock,
+        ..
+    } = &rig;
+    let core = |io_mac, node, peer: &Port, peer_node| rig.core(io_mac, node, peer, peer_node);
     let jam = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let io_a = LazyFree {
-        inner: DpdkIo::new(&pa, 0, &pool_a).unwrap(),
+        inner: DpdkIo::new(pa, 0, pool_a).unwrap(),
         built: Default::default(),
         held: Vec::new(),
         jam: jam.clone(),
     };
-    let io_b = DpdkIo::new(&pb, 0, &pool_b).unwrap();
-    let mut a = Driver::new(core(io_a.mac(), 1, &pb, 2), io_a);
-    let mut b = Driver::new(core(io_b.mac(), 2, &pa, 1), io_b);
-    let region = ExtMem::new(&eal, 1 << 20).unwrap();
+    let io_b = DpdkIo::new(pb, 0, pool_b).unwrap();
+    let mut a = Driver::new(core(io_a.mac(), 1, pb, 2), io_a);
+    let mut b = Driver::new(core(io_b.mac(), 2, pa, 1), io_b);
+    let region = ExtMem::new(eal, 1 << 20).unwrap();
     let len = 16_000;
     let mut x = region.alloc(len, 64).unwrap();
     x.as_mut_slice().unwrap().fill(7);
@@ -559,33 +593,24 @@ static GLOBAL: Counting = Counting;
 /// transmit round, just when the process was under pressure.
 #[test]
 fn an_empty_pool_is_met_with_no_allocation() {
-    let eal = Eal::builder().memory_mb(256).init().unwrap();
-    let pool_a = Mempool::new(&eal, "rt-dry-a", 511, 0, DEFAULT_DATA_ROOM).unwrap();
-    let pool_b = Mempool::new(&eal, "rt-dry-b", 2047, 32, DEFAULT_DATA_ROOM).unwrap();
-    let (pa, pb, _sock) = memif_ports(&eal, &PortConfig::default(), &pool_a, &pool_b, "dry");
-    pa.wait_link(Duration::from_secs(10)).unwrap();
-    pb.wait_link(Duration::from_secs(10)).unwrap();
-    let clock = Clock::new();
-    let core = |io_mac, node, peer: &Port, peer_node| {
-        let mut core = Core::new(
-            CoreConfig::default(),
-            Addr::new(node, 0),
-            MacAddr(io_mac),
-            1,
-            clock.now(),
-        )
-        .unwrap();
-        core.add_peer(Addr::new(peer_node, 0), MacAddr(peer.mac()))
-            .unwrap();
-        core
-    };
-    let io_a = DpdkIo::new(&pa, 0, &pool_a).unwrap();
-    let io_b = DpdkIo::new(&pb, 0, &pool_b).unwrap();
-    let mut a = Driver::new(core(io_a.mac(), 1, &pb, 2), io_a);
-    let mut b = Driver::new(core(io_b.mac(), 2, &pa, 1), io_b);
+    let rig = Rig::new("dry", 511, 0);
+    let Rig {
+        eal: _,
+        pool_a,
+        pool_b,
+        pa,
+        pb,
+        clock,
+        ..
+    } = &rig;
+    let core = |io_mac, node, peer: &Port, peer_node| rig.core(io_mac, node, peer, peer_node);
+    let io_a = DpdkIo::new(pa, 0, pool_a).unwrap();
+    let io_b = DpdkIo::new(pb, 0, pool_b).unwrap();
+    let mut a = Driver::new(core(io_a.mac(), 1, pb, 2), io_a);
+    let mut b = Driver::new(core(io_b.mac(), 2, pa, 1), io_b);
     // Every buffer of A's pool taken.
     let mut taken = Vec::with_capacity(1024);
-    while let Some(m) = dpdk_ffi::Mbuf::try_alloc(&pool_a) {
+    while let Some(m) = dpdk_ffi::Mbuf::try_alloc(pool_a) {
         taken.push(m);
     }
     assert!(!taken.is_empty());
