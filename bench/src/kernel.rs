@@ -115,9 +115,11 @@ pub struct StreamResult {
 /// sides block at once instead of spinning (about 16 µs for 8 B UDP, where
 /// spinning for each other would cost a scheduler time slice per message).
 /// A UDP round trip not answered within 2 s counts as a loss and the
-/// request is sent again, timed from there; [`PingPong::losses`] counts
-/// them (the report lists them under its tables). Messages of 8 bytes or
-/// more carry a sequence number, so a late reply is not taken for the next.
+/// request is sent again under a new sequence number, timed from there;
+/// [`PingPong::losses`] counts them (the report lists them under its tables).
+/// A UDP message carries its sequence number in its first 8 bytes (the low
+/// bytes of it in a shorter one), so a late reply, to an earlier request or
+/// to the one a resend replaced, is not taken for the awaited one.
 pub fn pingpong(
     pair: &VethPair,
     proto: Proto,
@@ -609,11 +611,11 @@ fn ping_udp(
     // AF_XDP program took the interface) must fail, not retry for ever.
     let mut streak = 0u32;
     let mut wait = Waiter::new(spin);
+    // The sequence number's bytes that a message of `size` carries.
+    let tag = size.min(8);
     let hist = measure(warmup, duration, max_iters, || {
         seq += 1;
-        if size >= 8 {
-            out[..8].copy_from_slice(&seq.to_le_bytes());
-        }
+        out[..tag].copy_from_slice(&seq.to_le_bytes()[..tag]);
         let mut t0 = Instant::now();
         send_udp(&sock, &out)?;
         wait.reset();
@@ -621,11 +623,11 @@ fn ping_udp(
             match sock.recv(&mut back) {
                 Ok(n) => {
                     let ns = nanos_since(t0);
-                    if n == size && (size < 8 || back[..8] == out[..8]) {
+                    if n == size && back[..tag] == out[..tag] {
                         streak = 0;
                         return Ok(ns);
                     }
-                    // A late reply to an earlier, resent request: skip it.
+                    // A late reply to an earlier or a replaced request: skip it.
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     if t0.elapsed() < READ_TIMEOUT {
@@ -644,6 +646,10 @@ fn ping_udp(
                             5 * READ_TIMEOUT.as_secs()
                         ));
                     }
+                    // A new number: the lost one's reply may yet come, and
+                    // taken for this one's it would time the resend short.
+                    seq += 1;
+                    out[..tag].copy_from_slice(&seq.to_le_bytes()[..tag]);
                     t0 = Instant::now();
                     send_udp(&sock, &out)?;
                     wait.reset();
@@ -1221,6 +1227,48 @@ mod tests {
         .expect("UDP ping-pong with a lost datagram");
         assert_eq!(r.losses, 1);
         assert_eq!(r.hist.len(), 3);
+    }
+
+    /// A reply to a request that was given up arrives after its resend
+    /// (held in a switch, say): it is not the resend's reply. The echo holds
+    /// the first request until the resend comes, answers it at once, and the
+    /// resend 50 ms later; the round trip must take the 50 ms. (Loopback: no
+    /// namespace needed. 2 s: the wait before a resend.)
+    #[test]
+    fn udp_late_reply_to_a_resent_request_is_not_taken() {
+        for size in [8, 3] {
+            let echo = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+            echo.set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let at = echo.local_addr().unwrap();
+            let r = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let mut first = [0u8; 64];
+                    let mut second = [0u8; 64];
+                    let (n, from) = echo.recv_from(&mut first).unwrap();
+                    let (m, _) = echo.recv_from(&mut second).unwrap();
+                    echo.send_to(&first[..n], from).unwrap();
+                    std::thread::sleep(Duration::from_millis(50));
+                    echo.send_to(&second[..m], from).unwrap();
+                });
+                ping_udp(
+                    Ipv4Addr::LOCALHOST,
+                    at,
+                    Duration::ZERO,
+                    size,
+                    Duration::ZERO,
+                    LONG,
+                    Some(1),
+                )
+            })
+            .expect("UDP ping-pong with a resend");
+            assert_eq!(r.losses, 1);
+            assert!(
+                r.hist.min() >= 50_000_000,
+                "{size} B: timed {} ns: the late reply was taken",
+                r.hist.min()
+            );
+        }
     }
 
     #[test]
