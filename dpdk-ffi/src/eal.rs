@@ -195,7 +195,10 @@ impl EalBuilder {
         args.extend(self.vdevs.iter().map(|v| format!("--vdev={v}")));
         // A device allowed both ways (a cluster file's eal_args and its port)
         // is allowed once, with the port's arguments.
-        let dev = |p: &str| p.split(',').next().unwrap_or("").to_string();
+        let dev = |p: &str| {
+            let d = p.split(',').next().unwrap_or("");
+            pci_canonical(d).unwrap_or_else(|| d.to_string())
+        };
         let ours: Vec<String> = self.pci.iter().map(|p| dev(p)).collect();
         let mut extra = self.extra.iter().peekable();
         while let Some(a) = extra.next() {
@@ -443,6 +446,25 @@ pub fn is_pci_address(s: &str) -> bool {
         && func.bytes().all(|b| (b'0'..=b'7').contains(&b))
 }
 
+/// A PCI address as DPDK names the device and its port: with the domain
+/// (`0000:` when left out) and in lower case. `None` for anything else.
+///
+/// ```
+/// assert_eq!(dpdk_ffi::pci_canonical("03:00.0").as_deref(), Some("0000:03:00.0"));
+/// assert_eq!(dpdk_ffi::pci_canonical("0000:AF:00.1").as_deref(), Some("0000:af:00.1"));
+/// assert_eq!(dpdk_ffi::pci_canonical("net_null0"), None);
+/// ```
+pub fn pci_canonical(s: &str) -> Option<String> {
+    if !is_pci_address(s) {
+        return None;
+    }
+    let s = s.to_ascii_lowercase();
+    Some(match s.matches(':').count() {
+        1 => format!("0000:{s}"),
+        _ => s,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -505,6 +527,10 @@ mod tests {
         );
         let named: Vec<&String> = both.iter().filter(|a| a.contains("0000:af:00.0")).collect();
         assert_eq!(named, ["-a0000:af:00.0,x=1"], "{both:?}");
+        // However the address is written.
+        let spelt = args(Eal::builder().port("AF:00.0,x=1").arg("-a0000:af:00.0"));
+        let named: Vec<&String> = spelt.iter().filter(|a| a.starts_with("-a")).collect();
+        assert_eq!(named, ["-aAF:00.0,x=1"], "{spelt:?}");
         let vdev = args(Eal::builder().port("net_memif0,role=server"));
         assert!(vdev.iter().any(|a| a == "--no-pci"), "{vdev:?}");
         assert!(!vdev.iter().any(|a| a.starts_with("-a")), "{vdev:?}");

@@ -52,7 +52,7 @@ mod port;
 mod thread;
 
 pub use cpu::{copy_streaming, current_cpu, store_fence};
-pub use eal::{is_pci_address, Eal, EalBuilder, HugepageMode};
+pub use eal::{is_pci_address, pci_canonical, Eal, EalBuilder, HugepageMode};
 pub use error::{Errno, Error, Result};
 pub use extmem::{ExtBuf, ExtMem};
 pub use guard::unmap_guarded;

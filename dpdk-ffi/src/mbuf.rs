@@ -396,8 +396,14 @@ impl<const N: usize> Default for Burst<N> {
 }
 
 impl<const N: usize> Burst<N> {
-    /// An empty burst.
+    /// DPDK's burst calls count in `u16`: a larger burst would ask for its
+    /// room modulo 65536 (none, for 65536), for ever.
+    const FITS_A_BURST_CALL: () = assert!(N <= u16::MAX as usize, "a Burst holds at most 65535");
+
+    /// An empty burst. (`N` above 65535 does not compile.)
     pub fn new() -> Self {
+        #[allow(clippy::let_unit_value)]
+        let () = Self::FITS_A_BURST_CALL;
         Burst {
             len: 0,
             bufs: [const { MaybeUninit::uninit() }; N],

@@ -143,6 +143,10 @@ impl Port {
     ) -> Result<Port> {
         let control = crate::control::control();
         let name = devargs.split(',').next().unwrap_or_default().trim();
+        // DPDK names a NIC's port by its full address in lower case, however
+        // the devargs wrote it: the lookups below use that name.
+        let canonical = crate::pci_canonical(name);
+        let name = canonical.as_deref().unwrap_or(name);
         if let Some(why) = not_a_device(name).or_else(|| no_such_pci_device(name)) {
             return Err(Error::Config(why));
         }
@@ -213,11 +217,19 @@ impl Port {
                 });
             }
         };
-        let id = port_by_name(name).ok_or_else(|| Error::Devargs {
-            devargs: devargs.into(),
-            errno: Some(Errno(libc::ENODEV)),
-        })?;
-        Self::setup(eal, id, cfg, pool, created).map_err(|e| match e {
+        let opened = port_by_name(name)
+            .ok_or_else(|| Error::Devargs {
+                devargs: devargs.into(),
+                errno: Some(Errno(libc::ENODEV)),
+            })
+            .and_then(|id| Self::setup(eal, id, cfg, pool, created));
+        if opened.is_err() && created {
+            // A refusal before the handle took the port (queue counts, MTU)
+            // leaves the device this call probed: it goes, as it would with
+            // the handle, so that the devargs can be tried again.
+            remove_unopened(name);
+        }
+        opened.map_err(|e| match e {
             // A memif client's start (client is memif's default role)
             // connects to its server's socket, and fails with no error code
             // when nobody listens there.
@@ -257,9 +269,10 @@ impl Port {
         let mut info = sys::rte_eth_dev_info::default();
         // SAFETY: valid port id; info is a writable rte_eth_dev_info.
         unsafe { sys::rte_eth_dev_info_get(id, &mut info) }.check("rte_eth_dev_info_get")?;
-        // Checked before the handle takes the port: a refusal leaves a port
-        // this handle did not create untouched (a closed port is gone for the
-        // process), so it opens again with a configuration that fits.
+        // Checked before the handle takes the port (queue counts, MTU, buffer
+        // room): a refusal leaves a port this handle did not create untouched
+        // (a closed port is gone for the process), so it opens again with a
+        // configuration that fits.
         if cfg.rx_queues == 0
             || cfg.rx_queues > info.max_rx_queues
             || cfg.tx_queues == 0
@@ -274,24 +287,6 @@ impl Port {
                 cfg.tx_queues
             )));
         }
-        // Remove the device on drop only if this handle created it. Built here,
-        // so that a failure below still stops, closes and removes it.
-        // Before the queues are set up: see `driver_keeps`.
-        let in_use_before = pool.in_use();
-        let mut inner = PortInner {
-            claim: Some(claim),
-            id,
-            name: port_name(id),
-            mac: [0; 6],
-            mtu: 0,
-            multi_seg_tx: info.tx_offload_capa & sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS != 0,
-            rx_taken: (0..cfg.rx_queues).map(|_| AtomicBool::new(false)).collect(),
-            tx_taken: (0..cfg.tx_queues).map(|_| AtomicBool::new(false)).collect(),
-            hotplugged: created.then_some(info.device),
-            driver_keeps: 0,
-            _pool: pool.clone(),
-            _eal: eal.clone(),
-        };
         let mut conf = sys::rte_eth_conf::default();
         let chains = chains_long_frames(&info);
         // An MTU beyond what the driver claims, on a driver that chains: the
@@ -302,7 +297,9 @@ impl Port {
             {
                 return Err(Error::Config(format!(
                     "port {id} ({}) accepts an MTU of {} to {}; asked for {mtu}",
-                    inner.name, info.min_mtu, info.max_mtu
+                    port_name(id),
+                    info.min_mtu,
+                    info.max_mtu
                 )));
             }
             // Some drivers claim a larger max_mtu than the frames they take;
@@ -316,7 +313,7 @@ impl Port {
             };
             if frame > max_frame {
                 return Err(Error::MtuTooLarge {
-                    port: format!("{id} ({})", inner.name),
+                    port: format!("{id} ({})", port_name(id)),
                     max_frame,
                     max_mtu: max_frame.saturating_sub(ETHER_OVERHEAD),
                     asked: mtu,
@@ -343,6 +340,24 @@ impl Port {
                 conf.rxmode.mtu = u32::from(mtu);
             }
         }
+        // Remove the device on drop only if this handle created it. Built here,
+        // so that a failure below still stops, closes and removes it.
+        // Before the queues are set up: see `driver_keeps`.
+        let in_use_before = pool.in_use();
+        let mut inner = PortInner {
+            claim: Some(claim),
+            id,
+            name: port_name(id),
+            mac: [0; 6],
+            mtu: 0,
+            multi_seg_tx: info.tx_offload_capa & sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS != 0,
+            rx_taken: (0..cfg.rx_queues).map(|_| AtomicBool::new(false)).collect(),
+            tx_taken: (0..cfg.tx_queues).map(|_| AtomicBool::new(false)).collect(),
+            hotplugged: created.then_some(info.device),
+            driver_keeps: 0,
+            _pool: pool.clone(),
+            _eal: eal.clone(),
+        };
         if inner.multi_seg_tx {
             conf.txmode.offloads |= sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
         }
@@ -355,7 +370,12 @@ impl Port {
             .check("rte_eth_dev_adjust_nb_rx_tx_desc")?;
         // SAFETY: a plain query.
         let socket = unsafe { sys::rte_eth_dev_socket_id(id) };
-        let socket = if socket < 0 { 0 } else { socket as u32 };
+        // A device with no NUMA node (a vdev, say) gets memory from any.
+        let socket = if socket < 0 {
+            sys::SOCKET_ID_ANY as u32
+        } else {
+            socket as u32
+        };
         for q in 0..cfg.rx_queues {
             // SAFETY: configured port, queue in range, pool alive (the port keeps
             // a clone of it); a null conf means the driver's defaults.
@@ -778,6 +798,30 @@ fn port_by_name(name: &str) -> Option<u16> {
     (unsafe { sys::rte_eth_dev_get_port_by_name(cname.as_ptr(), &mut id) } == 0).then_some(id)
 }
 
+/// Closes and removes the device of port `name`, which no handle has open
+/// (one that a failed setup already removed is gone: nothing happens).
+/// Called with the control lock held.
+fn remove_unopened(name: &str) {
+    let Some(id) = port_by_name(name) else {
+        return;
+    };
+    let mut info = sys::rte_eth_dev_info::default();
+    // SAFETY: valid port id; info is a writable rte_eth_dev_info.
+    if unsafe { sys::rte_eth_dev_info_get(id, &mut info) } != 0 || info.device.is_null() {
+        return;
+    }
+    let control = crate::control::control();
+    let _held = is_memif(name).then(|| crate::control::hold_interrupts(&control));
+    // SAFETY: the port was never started and no handle holds it (the control
+    // lock is held, and the claim a setup takes is gone with its failure);
+    // close before remove, as `PortInner`'s drop does.
+    unsafe {
+        sys::rte_eth_dev_stop(id);
+        sys::rte_eth_dev_close(id);
+        sys::rte_dev_remove(info.device);
+    }
+}
+
 fn port_name(id: u16) -> String {
     let mut buf = [0 as c_char; 64];
     // SAFETY: buf is larger than RTE_ETH_NAME_MAX_LEN; the call NUL-terminates.
@@ -843,16 +887,9 @@ fn not_a_device(name: &str) -> Option<String> {
 /// Why PCI address `name` names no device, where this machine says so: no
 /// such device under /sys/bus/pci (where /sys shows the bus at all).
 fn no_such_pci_device(name: &str) -> Option<String> {
-    if !crate::is_pci_address(name) {
-        return None;
-    }
-    let full = if name.matches(':').count() == 1 {
-        format!("0000:{name}")
-    } else {
-        name.to_owned()
-    };
+    let full = crate::pci_canonical(name)?;
     let bus = std::path::Path::new("/sys/bus/pci/devices");
-    (bus.is_dir() && !bus.join(full.to_ascii_lowercase()).exists()).then(|| {
+    (bus.is_dir() && !bus.join(full).exists()).then(|| {
         format!(
             "no PCI device {name} on this machine (`lspci -D` lists them, with the addresses \
              to give)"

@@ -140,11 +140,11 @@ fn queue_has_one_owner_at_a_time_and_bounds() {
     );
 }
 
-/// A queue count the port cannot give is refused before the handle takes
-/// the port, which then opens with one it can: the refusal used to close
-/// the port, and a port closed in DPDK 22.11 is gone for the process.
+/// A queue count or an MTU the port cannot give is refused before the
+/// handle takes the port, which then opens with one it can: the refusal used
+/// to close the port, and a port closed in DPDK 22.11 is gone for the process.
 #[test]
-fn a_refused_queue_count_leaves_the_port_to_open_again() {
+fn a_refused_queue_count_or_mtu_leaves_the_port_to_open_again() {
     let eal = Eal::builder()
         .hugepages(HugepageMode::Never)
         .memory_mb(256)
@@ -161,7 +161,46 @@ fn a_refused_queue_count_leaves_the_port_to_open_again() {
         matches!(&err, Error::Config(m) if m.contains("queues")),
         "{err:?}"
     );
+    // Frames of 9018 bytes do not fit the pool's buffers, and null cannot scatter.
+    let jumbo = PortConfig {
+        mtu: Some(9000),
+        ..PortConfig::default()
+    };
+    let err = Port::open(&eal, 0, &jumbo, &pool).unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("data room")),
+        "{err:?}"
+    );
     Port::open(&eal, 0, &PortConfig::default(), &pool).expect("the port opens");
+}
+
+/// A device that `from_devargs` probed and then refused to open (an MTU its
+/// buffers cannot hold) is removed again: it used to stay on the bus, a port
+/// no handle owned, which no later handle would remove.
+#[test]
+fn a_device_created_and_refused_is_removed() {
+    let eal = Eal::builder()
+        .hugepages(HugepageMode::Never)
+        .memory_mb(256)
+        .init()
+        .expect("EAL starts");
+    let pool = Mempool::new(&eal, "e-created", 1023, 0, DEFAULT_DATA_ROOM).unwrap();
+    let jumbo = PortConfig {
+        mtu: Some(9000),
+        ..PortConfig::default()
+    };
+    let err = Port::from_devargs(&eal, "net_null7", &jumbo, &pool).unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("data room")),
+        "{err:?}"
+    );
+    let err = Port::open(&eal, 0, &PortConfig::default(), &pool).unwrap_err();
+    assert!(matches!(err, Error::UnknownPort { .. }), "{err:?}");
+    let p = Port::from_devargs(&eal, "net_null7", &PortConfig::default(), &pool)
+        .expect("created again");
+    drop(p);
+    let err = Port::open(&eal, 0, &PortConfig::default(), &pool).unwrap_err();
+    assert!(matches!(err, Error::UnknownPort { .. }), "{err:?}");
 }
 
 /// A second handle on a port that a live `Port` has open is refused before it
