@@ -1389,14 +1389,23 @@ impl<B> std::fmt::Display for Refused<B> {
 impl<B: std::fmt::Debug> std::error::Error for Refused<B> {}
 
 impl Drop for Endpoint {
-    /// A polling thread's endpoint dropped without [`close`](Endpoint::close)
-    /// has its requests aborted: they would otherwise go on for nobody (sends
-    /// sent again until their peer gave up, receives taking messages, a
-    /// shutdown waiting for them). Its core then closes as with `close`.
-    /// Inline, they go with the endpoint's core.
+    /// An endpoint dropped without [`close`](Endpoint::close) has its
+    /// requests aborted: they would otherwise go on for nobody (sends sent
+    /// again until their peer gave up, receives taking messages, a shutdown
+    /// waiting for them). Its core then closes as with `close`: inline, the
+    /// drop drives it until it owes its peers nothing (a few milliseconds),
+    /// so that what it received counts as delivered at the senders. (Not
+    /// while a panic unwinds: the endpoint's state may be what panicked.)
     fn drop(&mut self) {
-        if !self.closed {
-            self.send_close();
+        if self.closed {
+            return;
+        }
+        self.send_close();
+        if let Mode::Inline(d) = &mut self.mode {
+            if !std::thread::panicking() {
+                d.core(0).begin_close(self.clock.now());
+                self.linger(after(CLOSE_MAX));
+            }
         }
     }
 }
@@ -1427,6 +1436,36 @@ impl Endpoint {
     /// Tells a polling thread this endpoint is gone (`Cmd::Close`): it
     /// aborts what the core holds and closes the core. Not when the thread
     /// has stopped (or died): nothing would read it.
+    /// Inline, after its core began to close: drives it until it has owed its
+    /// peers nothing for a moment. An inline engine acts only while driven,
+    /// and its last acknowledgements (delayed to be coalesced), the NOTIFYs of
+    /// its aborted receives, or answers to a peer's late retransmissions would
+    /// otherwise never leave, and the peer would end up declaring this
+    /// endpoint unreachable with its last sends unfinished. (Its new messages
+    /// are refused meanwhile, so they are not counted as activity.) Until
+    /// `until` (but long enough for a delayed acknowledgement), and at most
+    /// CLOSE_MAX for a peer that went away. A polling thread's core lingers
+    /// there (see `Cmd::Close`).
+    fn linger(&mut self, until: Instant) {
+        let Mode::Inline(d) = &mut self.mode else {
+            return;
+        };
+        let start = Instant::now();
+        let ack_delay = d.core(0).config().ack_delay;
+        let stop = until.min(start + CLOSE_MAX).max(start + LINGER + ack_delay);
+        let mut settling = Settling::default();
+        while Instant::now() < stop {
+            self.progress();
+            let owe_nothing = match &mut self.mode {
+                Mode::Inline(d) => d.tx_backlog() == 0 && d.core(0).owes_nothing(),
+                Mode::Thread(_) => true,
+            };
+            if settling.settled(owe_nothing) {
+                break;
+            }
+        }
+    }
+
     fn send_close(&mut self) {
         if !matches!(self.mode, Mode::Thread(_))
             || self.shared.state.load(Ordering::Acquire) == STOPPED
@@ -2164,31 +2203,7 @@ impl Endpoint {
                 }
             }
         }
-        // Linger until the core has owed its peers nothing for a moment: an
-        // inline engine acts only while driven, and its last acknowledgements
-        // (delayed to be coalesced), the NOTIFYs of its aborted receives, or
-        // answers to a peer's late retransmissions would otherwise never
-        // leave, and the peer would end up declaring this endpoint
-        // unreachable with its last sends unfinished. (Its new messages are
-        // refused meanwhile, so they are not counted as activity.) Within the
-        // deadline (but long enough for a delayed acknowledgement), and at
-        // most CLOSE_MAX for a peer that went away.
-        if let Mode::Inline(d) = &mut self.mode {
-            let start = Instant::now();
-            let ack_delay = d.core(0).config().ack_delay;
-            let stop = until.min(start + CLOSE_MAX).max(start + LINGER + ack_delay);
-            let mut settling = Settling::default();
-            while Instant::now() < stop {
-                self.progress();
-                let owe_nothing = match &mut self.mode {
-                    Mode::Inline(d) => d.tx_backlog() == 0 && d.core(0).owes_nothing(),
-                    Mode::Thread(_) => true,
-                };
-                if settling.settled(owe_nothing) {
-                    break;
-                }
-            }
-        }
+        self.linger(until);
         let mut report = ShutdownReport::default();
         for r in pending {
             match self.requests.take(r) {
