@@ -157,6 +157,7 @@ fn main() {
         .allowlist_var("RTE_ETH_.*")
         .allowlist_var("RTE_MBUF_.*")
         .allowlist_var("RTE_PKTMBUF_HEADROOM")
+        .allowlist_var("RTE_MEMPOOL_CACHE_MAX_SIZE")
         .allowlist_var("RTE_MAX_ETHPORTS")
         .allowlist_var("RTE_ETHER_.*")
         .allowlist_var("SOCKET_ID_ANY")

@@ -81,6 +81,17 @@ impl Mempool {
                 sys::RTE_PKTMBUF_HEADROOM
             )));
         }
+        // DPDK's rules for the cache, which it answers with a bare EINVAL.
+        // (Its flush threshold, 1.5 times the cache, truncated, within the pool.)
+        let threshold = u64::from(cache) * 3 / 2;
+        if cache > sys::RTE_MEMPOOL_CACHE_MAX_SIZE || threshold > u64::from(size) {
+            return Err(Error::Config(format!(
+                "mempool `{name}` of {size} mbufs: DPDK takes a per-lcore cache of at most \
+                 {} mbufs and of at most 2/3 of the pool; asked for {cache}: give it a \
+                 smaller cache or at least {threshold} mbufs",
+                sys::RTE_MEMPOOL_CACHE_MAX_SIZE
+            )));
+        }
         let cname =
             CString::new(name).map_err(|_| Error::Config("mempool name contains NUL".into()))?;
         // A pool dropped earlier and still waiting may hold the name (the

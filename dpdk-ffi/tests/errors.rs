@@ -78,6 +78,16 @@ fn exhausted_mempool() {
     drop(held);
     assert_eq!(pool.available(), 63);
     Mbuf::alloc(&pool).unwrap();
+    // A cache DPDK refuses (over 2/3 of the pool, or over 512) is refused
+    // with the rule, not DPDK's bare EINVAL.
+    for (size, cache) in [(255, 256), (4095, 513)] {
+        let err = Mempool::new(&eal, "cached", size, cache, DEFAULT_DATA_ROOM).unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(m) if m.contains("at most 512 mbufs and of at most 2/3")),
+            "{err:?}"
+        );
+    }
+    Mempool::new(&eal, "cached", 384, 256, DEFAULT_DATA_ROOM).expect("384 takes a cache of 256");
 }
 
 #[test]

@@ -149,3 +149,34 @@ fn a_pool_larger_than_the_eal_memory_says_what_to_give() {
         "{msg}"
     );
 }
+
+/// Two nodes with the same number in one process (two clusters, or a node
+/// restarted while its old pool still waits for mbufs out): each pool gets
+/// a name of its own. Both used to be `emx1`, and the second start failed
+/// with DPDK's bare EEXIST. A pool of 255 mbufs, below DPDK's 384 for a
+/// cache of 256, gets a cache that fits.
+#[test]
+fn two_nodes_of_one_number_in_one_process() {
+    let nodes: Vec<NodeConfig> = (0..2)
+        .map(|i| {
+            node(&format!(
+                r#"
+                [eal]
+                hugepages = "never"
+                memory_mb = 256
+                [link]
+                devargs = "net_null{i}"
+                mbufs = {}
+                [engine]
+                node = 1
+                progress = {{ mode = "inline" }}
+                "#,
+                [4095, 255][i]
+            ))
+        })
+        .collect();
+    let eal = nodes[0].eal.start().unwrap();
+    let a = start_node_on(&eal, &nodes[0].link, &nodes[0].engine).unwrap();
+    let b = start_node_on(&eal, &nodes[1].link, &nodes[1].engine).unwrap();
+    assert_ne!(a.pool.name(), b.pool.name());
+}

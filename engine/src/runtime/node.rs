@@ -2,6 +2,7 @@
 //! the link runs on, and the engine. Deserializable, so a file can hold it
 //! (the cluster file format builds on this).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dpdk_ffi::{Eal, HugepageMode, Mempool, Port, PortConfig, DEFAULT_DATA_ROOM};
@@ -194,9 +195,18 @@ fn start_on(
     engine: &EngineConfig,
     stop: &dyn Fn() -> bool,
 ) -> Result<Node, Error> {
-    let name = format!("emx{}", engine.node);
+    // Named per start: a node of the same number may run in this process
+    // (another cluster), or have left its pool waiting for mbufs still out.
+    static STARTS: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "emx{}_{}",
+        engine.node,
+        STARTS.fetch_add(1, Ordering::Relaxed)
+    );
     let room = link.mbuf_room();
-    let pool = Mempool::new(eal, &name, link.mbufs, 256, room).map_err(|e| match e {
+    // A per-lcore cache of 256, or what DPDK allows a small pool (2/3 of it).
+    let cache = (link.mbufs / 3 * 2).min(256);
+    let pool = Mempool::new(eal, &name, link.mbufs, cache, room).map_err(|e| match e {
         // No memory for it: say how much it takes, and where more comes from.
         dpdk_ffi::Error::Call { errno, .. } if errno.is_out_of_memory() => Error::Pool {
             mbufs: link.mbufs,
