@@ -37,10 +37,10 @@ pub enum Error {
     /// The submission ring is full: try again after taking completions.
     #[error("would block: the submission ring is full; take completions and retry")]
     WouldBlock,
-    /// The engine is shutting down or stopped.
+    /// The engine is shutting down or stopped, or the endpoint was closed.
     #[error(
-        "the engine is shut down (shutdown was called, or the Engine of a polling thread was \
-         dropped: keep it alive while its endpoints are in use)"
+        "the engine is shut down or the endpoint closed (shutdown or close was called, or the \
+         Engine of a polling thread was dropped: keep it alive while its endpoints are in use)"
     )]
     ShutDown,
     /// The handle names no outstanding request (never issued, or its
@@ -59,8 +59,14 @@ pub enum Error {
          or raise max_sends/max_recvs"
     )]
     TooManyRequests,
-    /// A registered receive buffer that frames still refer to.
-    #[error("the registered receive buffer is still referenced by frames in flight")]
+    /// A receive buffer that cannot be written now: a registered one that
+    /// frames in flight or another handle ([`ExtBuf::share`](dpdk_ffi::ExtBuf::share))
+    /// still refer to, or a lent message ([`RecvBuf::Lent`]).
+    #[error(
+        "the receive buffer cannot be written: a registered buffer still referenced by frames \
+         in flight or shared with another handle (wait for them, or drop the other handle), or \
+         a lent message (read it and drop it; post an owned or registered buffer)"
+    )]
     BufferBusy,
     /// The engine cannot be set up as configured.
     #[error("engine setup: {0}")]
