@@ -613,12 +613,28 @@ impl Drop for PortInner {
         let _held = is_memif(&self.name).then(|| crate::control::hold_interrupts(&control));
         // SAFETY: no queue handle is left (each holds an Arc of this), so no
         // thread is in rx/tx burst; stop before close, close before remove.
-        unsafe {
-            sys::rte_eth_dev_stop(self.id);
-            sys::rte_eth_dev_close(self.id);
-            if let Some(dev) = self.hotplugged {
-                sys::rte_dev_remove(dev);
+        let (stop, close) = unsafe {
+            (
+                sys::rte_eth_dev_stop(self.id),
+                sys::rte_eth_dev_close(self.id),
+            )
+        };
+        // A refusal leaves the device running (DPDK 22.11 closes no started
+        // port): say so, since its driver may still write into the pool.
+        for (call, ret) in [("stop", stop), ("close", close)] {
+            if ret < 0 {
+                eprintln!(
+                    "dpdk-ffi: port {} ({}): rte_eth_dev_{call} failed with {}; the device \
+                     is left as it is",
+                    self.id,
+                    self.name,
+                    Errno::from_ret(ret)
+                );
             }
+        }
+        if let Some(dev) = self.hotplugged.filter(|_| close == 0) {
+            // SAFETY: the port this handle probed is closed; its device goes.
+            unsafe { sys::rte_dev_remove(dev) };
         }
         if self.driver_keeps > 0 {
             self._pool.kept_by_driver(self.driver_keeps);
