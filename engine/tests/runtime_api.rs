@@ -1577,6 +1577,80 @@ fn several_endpoints_per_engine() {
     );
 }
 
+/// A cluster on another EtherType talks within itself, its frames routed to
+/// the endpoints they name (the driver reads the EtherType to find them),
+/// and takes nothing from a node on the default one on the same wire: that
+/// node's frames are counted as not emx's, and its send is given up. (No test
+/// ran a non-default EtherType before.)
+#[test]
+fn another_ethertype_talks_within_itself_only() {
+    use emx::wire::DropReason;
+    const OURS: u16 = 0x88B6;
+    let net = MemNetwork::new(1024);
+    let macs: [Mac; 3] = [[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 3]];
+    let on = |node: u16, peer: u16| {
+        let mut c = EngineConfig {
+            endpoints: vec![0, 1],
+            peers: [0, 1]
+                .map(|endpoint| PeerConfig {
+                    node: peer,
+                    endpoint,
+                    mac: macs[peer as usize - 1],
+                })
+                .to_vec(),
+            ..cfg(node, (peer, macs[peer as usize - 1]), thread_mode())
+        };
+        c.protocol.ethertype = Some(OURS);
+        c
+    };
+    let mut ea = Engine::start(&on(1, 2), net.port(macs[0], 1500)).unwrap();
+    let mut eb = Engine::start(&on(2, 1), net.port(macs[1], 1500)).unwrap();
+    let (mut a0, mut a1) = (ea.endpoint_id(0).unwrap(), ea.endpoint_id(1).unwrap());
+    let (mut b0, mut b1) = (eb.endpoint_id(0).unwrap(), eb.endpoint_id(1).unwrap());
+    let r0 = b0
+        .irecv(Some(Addr::new(1, 1)), 5, !0, vec![0u8; 64])
+        .unwrap();
+    let r1 = b1
+        .irecv(Some(Addr::new(1, 0)), 5, !0, vec![0u8; 40_000])
+        .unwrap();
+    let s1 = a1.isend(Addr::new(2, 0), 5, vec![1u8; 10]).unwrap();
+    let s0 = a0.isend(Addr::new(2, 1), 5, vec![7u8; 40_000]).unwrap();
+    let (buf, info) = b0.wait(r0).unwrap().into_recv().unwrap();
+    assert_eq!(
+        (info.src, &buf.as_ref()[..10]),
+        (Addr::new(1, 1), &[1u8; 10][..])
+    );
+    let (buf, info) = b1.wait(r1).unwrap().into_recv().unwrap();
+    assert_eq!(info.src, Addr::new(1, 0));
+    assert!(
+        buf.as_ref().iter().all(|&x| x == 7),
+        "rendezvous on {OURS:#x}"
+    );
+    a1.wait(s1).unwrap().into_send().unwrap();
+    a0.wait(s0).unwrap().into_send().unwrap();
+
+    // Node 3, on the default EtherType, cannot reach node 1.
+    let mut ec = Engine::start(
+        &cfg(3, (1, macs[0]), ProgressMode::Inline),
+        net.port(macs[2], 1500),
+    )
+    .unwrap();
+    let mut c = ec.endpoint().unwrap();
+    let s = c.isend(Addr::new(1, 0), 5, vec![3u8; 10]).unwrap();
+    let done = c.wait(s).unwrap();
+    assert!(
+        matches!(
+            done.result,
+            Err(Error::Request(RequestError::PeerUnreachable))
+        ),
+        "{:?}",
+        done.result
+    );
+    let st = a0.core_stats().unwrap();
+    assert!(st.dropped.get(DropReason::EtherType) > 0, "{st:?}");
+    assert_eq!(st.recvs_completed, 0);
+}
+
 /// Peers given as `auto` learn each other's MAC from the first frames (HELLOs
 /// go to everyone); a peer that restarts on another MAC with a new epoch is
 /// learnt again.
