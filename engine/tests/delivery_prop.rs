@@ -232,6 +232,7 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
     let mut delivered: HashMap<u64, usize> = HashMap::new(); // msg id -> plan index
     let mut sends_done = HashSet::new();
     let mut cancelled = 0;
+    let mut cancel_asked = HashSet::new();
     let mut recvs_done = 0;
     let total_recvs = plan.len();
     let bound = cfg.unexpected_bytes;
@@ -271,10 +272,15 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
                 .map_err(|e| TestCaseError::fail(format!("send: {:?}", e.error)))?;
             next_send += 1;
         }
-        // Cancel the dead-tag receives a while after they were posted.
+        // Cancel the dead-tag receives a while after they were posted, once:
+        // no message can match them, so the cancel must be taken.
         for (&i, &req) in &recv_req {
-            if plan[i].cancel && now >= Time::from_micros(plan[i].at_us + 50) {
-                let _ = sim.core(plan[i].dst).cancel(req);
+            if plan[i].cancel
+                && now >= Time::from_micros(plan[i].at_us + 50)
+                && cancel_asked.insert(i)
+            {
+                let taken = sim.core(plan[i].dst).cancel(req);
+                prop_assert!(taken, "the cancel of dead-tag receive {} was refused", i);
             }
         }
         for (core, c) in drain(&mut sim) {
@@ -360,7 +366,7 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
                 .map(|&i| Time::from_micros(sc.msgs[i].send_at_us)),
             recv_req
                 .keys()
-                .filter(|&&i| plan[i].cancel)
+                .filter(|&&i| plan[i].cancel && !cancel_asked.contains(&i))
                 .map(|&i| Time::from_micros(plan[i].at_us + 50))
                 .min(),
         ]
