@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Docker testbed: the emx-node image (docker/build-image.sh, cached), N
 # containers (default 3) on a bridge network of their own, each running emxd
-# over net_af_packet on its eth0 with MACs learnt at run time, then the
+# on a DPDK tap bridged to its eth0 (EMX_DOCKER_PORT=af_packet: on eth0
+# through net_af_packet) with MACs learnt at run time, then the
 # cluster check through `docker exec ... emxctl`:
 #   1. every node echoes eager and rendezvous messages off every other, byte-exact;
 #   2. the last container is stopped (docker stop: SIGTERM, and emxd must exit
@@ -87,7 +88,10 @@ if [ -n "${EMX_KEEP:-}" ] && ! [[ $EMX_KEEP =~ ^[A-Za-z0-9._-]+$ ]]; then
     echo "docker testbed: EMX_KEEP is a word (letters, digits, . _ -)" >&2
     exit 1
 fi
-PROJECT="emxtb$$"
+# The pid-namespace inode too: two runs in containers that share the host's
+# Docker may have the same pid, and compose would take one's project for the
+# other's (recreating its nodes, then removing them).
+PROJECT="emxtb$$p$(stat -L -c %i /proc/self/ns/pid 2>/dev/null || echo 0)"
 WORK=$(mktemp -d "/tmp/emx-docker.$$.XXXXXX")
 DEADLINE_MS=1000
 # Labels on what the run makes: its pid and owner (for the sweep above), and
@@ -134,6 +138,7 @@ chmod 644 "$WORK/cluster.toml"
         cat <<YAML
   n$i:
     image: $IMAGE
+    pull_policy: never
     hostname: n$i
     environment:
       EMX_NODE: n$i
@@ -199,6 +204,10 @@ tap_mac_is_repaired() {
 }
 
 say "project $PROJECT: starting $N containers of $IMAGE"
+# Compose v1 ignores pull_policy: an image gone since the build (another
+# tree's build-image prunes old ones) would send it to a registry.
+docker image inspect "$IMAGE" >/dev/null 2>&1 \
+    || { echo "docker testbed: image $IMAGE is gone since it was built; run again" >&2; exit 1; }
 compose up -d >/dev/null 2>&1 || compose up -d
 if [ -n "$TAP" ]; then
     wait_up 1

@@ -44,6 +44,10 @@ BR="${TAG}br"
 WORK=$(mktemp -d "/tmp/emx-testbed.$$.XXXXXX")
 DEADLINE_MS=1000
 declare -A PID
+# What this run made, the only things its cleanup removes: a name taken by
+# another run (two runs of one pid in different pid namespaces sharing the
+# host's network) fails this run without tearing that one down.
+MADE=()
 
 say() { echo "testbed: $*"; }
 
@@ -54,8 +58,12 @@ cleanup() {
     trap '' INT TERM
     for i in "${!PID[@]}"; do kill -TERM "${PID[$i]}" 2>/dev/null || true; done
     for i in "${!PID[@]}"; do wait "${PID[$i]}" 2>/dev/null || true; done
-    for i in $(seq 1 "$N"); do ip netns del "${TAG}n$i" 2>/dev/null || true; done
-    ip link del "$BR" 2>/dev/null || true
+    for made in "${MADE[@]}"; do
+        case $made in
+            ns:*) ip netns del "${made#ns:}" 2>/dev/null || true ;;
+            link:*) ip link del "${made#link:}" 2>/dev/null || true ;;
+        esac
+    done
     if [ "$rc" != 0 ]; then
         say "FAILED; daemon logs:"
         tail -n 20 "$WORK"/*.log 2>/dev/null || true
@@ -94,10 +102,13 @@ cluster_file 9 "net_af_packet0,iface=eth0,qpairs=1" text > "$WORK/cluster.toml"
 
 say "making $N namespaces on bridge $BR"
 ip link add "$BR" type bridge
+MADE+=("link:$BR")
 ip link set "$BR" up
 for i in $(seq 1 "$N"); do
     ns="${TAG}n$i"
     ip netns add "$ns"
+    MADE+=("ns:$ns")
+    # (The veth goes with its namespace.)
     ip link add "${TAG}v$i" type veth peer name eth0 netns "$ns"
     ip link set "${TAG}v$i" master "$BR" up
     ip -n "$ns" link set lo up
