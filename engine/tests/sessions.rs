@@ -666,6 +666,48 @@ fn messages_acknowledged_behind_a_lost_one_are_kept_when_their_peer_is_given_up(
     assert_eq!(sim.core_ref(0).outstanding(), 0);
 }
 
+/// Messages kept behind a lost one, arrived in reverse order, are matched in
+/// message-id order when their peer is given up: receives for any tag take
+/// them as they were sent. (They are sorted once at the session's end; the
+/// search for each next one it replaced was quadratic in them.)
+#[test]
+fn messages_kept_behind_a_lost_one_keep_their_order_whatever_order_they_came_in() {
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg());
+    transfer(&mut sim, 0, 1, 1000, 1);
+    let now = sim.now();
+    sim.core(1)
+        .send(now, addr(0), 2, b"lost".to_vec(), 2)
+        .unwrap();
+    assert!(take_frame(&mut sim, 1).is_some(), "the lost one's frame");
+    let mut frames = Vec::new();
+    for tag in 3..=8u64 {
+        sim.core(1)
+            .send(now, addr(0), tag, vec![tag as u8; 10], tag)
+            .unwrap();
+        frames.push(take_frame(&mut sim, 1).expect("its frame"));
+    }
+    for f in frames.iter().rev() {
+        sim.core(0).handle_frame(now, f).expect("taken");
+    }
+    node_0_gives_node_1_up(&mut sim);
+    let now = sim.now();
+    for k in 0..6 {
+        sim.core(0)
+            .post_recv(now, Some(addr(1)), 0, 0, vec![0; 10], 100 + k)
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    for (k, c) in drain(&mut sim) {
+        if let (0, Completion::Recv(r)) = (k, c) {
+            let info = r.result.unwrap();
+            assert_eq!(r.buf, vec![info.match_bits as u8; 10]);
+            got.push((r.ctx, info.match_bits));
+        }
+    }
+    got.sort();
+    assert_eq!(got, (0..6).map(|k| (100 + k, 3 + k)).collect::<Vec<_>>());
+}
+
 /// A message kept from a peer given up, taken after `reconnect` while the
 /// peer has not answered (its session not started): giving its credit back
 /// owes the peer no acknowledgement, which nothing could send before the

@@ -265,6 +265,8 @@ pub(crate) struct InMsg {
     pub(crate) state: MsgState,
     pub(crate) recv: u32,
     pub(crate) store: u32,
+    /// Where the store's chain was last written.
+    pub(crate) at: super::matching::Cursor,
     pub(crate) charge: u32,
     /// Left over from a session that ended; not in the id map any more.
     pub(crate) orphan: bool,
@@ -378,6 +380,10 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     /// Per-peer envelope lists.
     pub(crate) msg_peer_links: ZeroedLinks,
     pub(crate) unexpected: List,
+    /// A session's complete messages kept behind a lost one when it ends, in
+    /// message-id order (see `fail_peer`); reserved like `msgs`, touched as
+    /// far as messages were kept at once.
+    pub(crate) kept: Vec<u32>,
     pub(crate) msg_map: IdMap<u64, u32>,
     pub(crate) store: Store,
     pub(crate) held_total: u64,
@@ -529,6 +535,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             msg_links: ZeroedLinks::new(n_msgs),
             msg_peer_links: ZeroedLinks::new(n_msgs),
             unexpected: List::default(),
+            kept: Vec::with_capacity(n_msgs),
             msg_map: id_map(n_msgs),
             store: Store::new(cfg.unexpected_bytes),
             held_total: 0,

@@ -305,7 +305,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 self.complete_recv(r, Ok(info));
             }
         } else {
-            self.store.write(msg.store, offset, data);
+            self.store.write(msg.store, &mut msg.at, offset, data);
         }
     }
 }

@@ -360,7 +360,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         // Envelopes: bound ones fail their receive, complete eager messages stay (they
         // were delivered and acknowledged: their sends completed), the rest are dropped.
-        let mut waiting = 0;
+        let mut kept = std::mem::take(&mut self.kept);
+        kept.clear();
         let mut m = self.peers[p as usize].msgs.head;
         while m != NIL {
             let next = self.msg_peer_links.next(m);
@@ -368,7 +369,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             match msg.state {
                 MsgState::Bound => self.complete_recv(msg.recv, Err(err)),
                 MsgState::Waiting if msg.rndv || msg.received < msg.len => self.free_msg(m),
-                MsgState::Waiting => waiting += 1,
+                MsgState::Waiting => kept.push(m),
                 MsgState::Unexpected => {
                     if msg.rndv || msg.received < msg.len {
                         self.msg_links.remove(&mut self.unexpected, m);
@@ -383,10 +384,18 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         // Those complete behind one that never came (lost, and not sent again before the
         // session ended) are matched now, in order, as if it had been: to a receive
-        // posted for them, or kept with the unexpected ones.
-        for _ in 0..waiting {
-            self.match_next_kept(now, p);
+        // posted for them, or kept with the unexpected ones. (Sorted once: a peer
+        // may have left thousands there, and a search for each next one was
+        // quadratic in them, on the core's one thread.)
+        let from = self.peers[p as usize].next_match;
+        kept.sort_unstable_by_key(|&m| self.msgs[m as usize].msg_id.wrapping_sub(from));
+        for &m in &kept {
+            self.unmap_msg(m);
+            self.msgs[m as usize].orphan = true;
+            self.match_in_turn(now, p, m);
         }
+        kept.clear();
+        self.kept = kept;
         // Posted receives that name this peer: a restarted peer may still send them a
         // message in its new session, an unreachable one cannot.
         if err != RequestError::PeerUnreachable {
@@ -401,33 +410,6 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             }
             r = next;
         }
-    }
-
-    /// Matches the complete message of `p` that waits for an earlier one and
-    /// comes first in message-id order (there is one): its session is over,
-    /// so it is kept from it, like an unexpected one (see `fail_peer`). A
-    /// walk of the peer's envelopes, on a path taken once a session.
-    fn match_next_kept(&mut self, now: Time, p: u16) {
-        let from = self.peers[p as usize].next_match;
-        let mut first = NIL;
-        let mut m = self.peers[p as usize].msgs.head;
-        while m != NIL {
-            let msg = &self.msgs[m as usize];
-            let before = |o: u32| {
-                msg.msg_id.wrapping_sub(from) < self.msgs[o as usize].msg_id.wrapping_sub(from)
-            };
-            if msg.state == MsgState::Waiting && (first == NIL || before(first)) {
-                first = m;
-            }
-            m = self.msg_peer_links.next(m);
-        }
-        debug_assert!(first != NIL, "no message kept waiting");
-        if first == NIL {
-            return;
-        }
-        self.unmap_msg(first);
-        self.msgs[first as usize].orphan = true;
-        self.match_in_turn(now, p, first);
     }
 
     pub(crate) fn free_frames(&mut self, p: u16) {
@@ -472,6 +454,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         // Messages kept from the old session still hold their charge: the new session's
         // window starts that much smaller and grows back as they are taken.
         peer.credit_released = 0u32.wrapping_sub(peer.held as u32);
+        // As the new session's first frame will advertise it (the old
+        // session's figure would time `return_credit`'s acks until then).
+        peer.credit_advertised = peer.credit_released.wrapping_add(self.peer_credit as u32);
         peer.next_match = 0;
         peer.hello_now = false;
         peer.ping_now = false;
