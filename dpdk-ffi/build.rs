@@ -25,7 +25,8 @@ const SHARED_LIBS: &[&str] = &[
 ];
 
 /// Drivers linked into a static build, so that a binary can travel to a
-/// machine with no DPDK installed (see `../shared/dpdk-notes.md`).
+/// machine with no DPDK installed (only `libnuma.so.1` and glibc's own
+/// libraries stay dynamic).
 const STATIC_WHOLE: &[&str] = &[
     "rte_net_memif",
     "rte_net_ring",

@@ -5,4 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# (The build is quiet: say why the first run waits.)
+[ -x "${CARGO_TARGET_DIR:-target}/release/emx-bench" ] \
+    || echo "bench: building emx-bench (release; a few minutes the first time)" >&2
 cargo run --release --quiet -p emx-bench -- "$@"

@@ -14,6 +14,11 @@ TEST=0
 # what bindgen and the C shim need, iproute2 for the namespace tests and testbed.
 PACKAGES=(libdpdk-dev dpdk pkg-config clang libclang-dev gcc libc6-dev iproute2 procps)
 HUGEPAGES=${EMX_HUGEPAGES:-512}   # 2 MiB pages to reserve; 0 to skip
+# At most an eighth of the memory (512 pages pin 1 GiB until reboot).
+if [ -z "${EMX_HUGEPAGES:-}" ] && [ -r /proc/meminfo ]; then
+  eighth=$(awk '/^MemTotal:/ {print int($2 / 2048 / 8)}' /proc/meminfo)
+  [ "${eighth:-0}" -lt "$HUGEPAGES" ] && HUGEPAGES=$eighth
+fi
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 
@@ -64,6 +69,14 @@ fi
 
 if ! command -v cargo >/dev/null; then
   say "cargo not found: install Rust (https://rustup.rs) and run this again"
+  exit 1
+fi
+# The workspace's rust-version: an older Rust (Debian's own cargo is 1.63)
+# would fail later with an error that names neither.
+need=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' "$(dirname "$0")/../Cargo.toml" | head -n 1)
+have=$(rustc --version 2>/dev/null | awk '{print $2}')
+if [ -n "$need" ] && ! printf '%s\n%s\n' "$need" "${have:-0}" | sort -V -C; then
+  say "Rust ${have:-?} is older than the $need emx needs: install a current one (https://rustup.rs, or rustup update)"
   exit 1
 fi
 if [ "$TEST" = 1 ] && ! cargo nextest --version >/dev/null 2>&1; then

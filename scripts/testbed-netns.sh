@@ -6,7 +6,10 @@
 #   2. the last node is stopped (SIGTERM; it must exit 0): the others report
 #      it down within the liveness deadline and keep exchanging among themselves;
 #   3. it is started again: it rejoins with a new epoch, and checks pass again;
-#   4. all of it through emxctl.
+#   4. all of it through emxctl;
+#   5. n1 is cut off from the bridge until it and the others have given each
+#      other up, then joined again: every node sees every other up again,
+#      with no restart, and checks pass.
 # Everything is torn down at the end, also after a failure or Ctrl-C.
 #
 # Usage (as root): scripts/testbed-netns.sh [N]
