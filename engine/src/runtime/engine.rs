@@ -954,15 +954,43 @@ fn after(d: Duration) -> Instant {
         .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400))
 }
 
-/// A session epoch from the clock, in microseconds: a restart comes back with
-/// a later one (the core compares epochs as serial numbers, so the 71-minute
-/// wrap is harmless: after a silence that long any new epoch is accepted).
-/// Never 0, which means "unknown".
+/// A session epoch from the clock: a restart comes back with a later one.
+///
+/// The core compares epochs as serial numbers, which order two epochs less
+/// than 2^31 apart. In milliseconds that is 24.8 days of an incarnation's
+/// life; in the microseconds this used to count, 36 minutes, so that a node
+/// restarted after half of all longer lives came back with an epoch that
+/// read as older, and its peers took it for a stale frame until the liveness
+/// deadline. (Past the window, the same: any new epoch is taken after that
+/// silence.) Two engines started within one millisecond in one process get
+/// successive epochs, so no two share one. Never 0, which means "unknown".
 fn fresh_epoch() -> u32 {
+    static LAST: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    (t.as_micros() as u32).max(1)
+    let clock = clock_epoch(t);
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = if last == 0 || crate::proto::core::epoch_after(clock, last) {
+            clock
+        } else {
+            match last.wrapping_add(1) {
+                0 => 1,
+                e => e,
+            }
+        };
+        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
+}
+
+/// The epoch of a clock reading `since` the Unix epoch: its milliseconds,
+/// modulo 2^32 (never 0).
+fn clock_epoch(since: Duration) -> u32 {
+    (since.as_millis() as u32).max(1)
 }
 
 /// Spin, then yield, then sleep ever longer, while idle.
@@ -2224,8 +2252,25 @@ impl Endpoint {
 
 #[cfg(test)]
 mod tests {
-    use super::{deliver, Event};
+    use super::{clock_epoch, deliver, fresh_epoch, Event};
+    use crate::proto::core::epoch_after;
     use std::collections::VecDeque;
+    use std::time::Duration;
+
+    /// A node restarted after any life up to 24 days comes back with an
+    /// epoch that reads as later than its last (in microseconds, one that
+    /// lived 40 minutes came back older); two starts in a row in one process
+    /// never share one.
+    #[test]
+    fn a_restart_reads_as_later() {
+        let t = Duration::from_secs(1_790_000_000);
+        for life in [1, 60, 40 * 60, 36 * 3600, 24 * 86_400] {
+            let later = t + Duration::from_secs(life);
+            assert!(epoch_after(clock_epoch(later), clock_epoch(t)), "{life} s");
+        }
+        let (a, b) = (fresh_epoch(), fresh_epoch());
+        assert!(epoch_after(b, a) && a != 0 && b != 0, "{a} then {b}");
+    }
 
     fn counts(c: &mut rtrb::Consumer<Event>) -> Vec<usize> {
         std::iter::from_fn(|| c.pop().ok())
