@@ -7,7 +7,8 @@
 //! duplication, reordering (an extra random delay), late frames (held long enough that
 //! their retransmissions, and what follows them, arrive first: a frame stuck in a switch
 //! buffer or a descheduled sender's queue) and corruption (flipped bytes or a truncated
-//! frame). Frames are routed by destination MAC, like a switch.
+//! frame). Frames are routed by destination MAC, like a switch; a broadcast reaches every
+//! other node.
 //!
 //! It is test and measurement scaffolding: it allocates freely and copies payload (the
 //! runtime attaches it zero-copy instead). It must not be used on a data path.
@@ -316,13 +317,20 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
         }
     }
 
-    fn enqueue(&mut self, src: usize, at: Time, mut bytes: Vec<u8>) {
+    fn enqueue(&mut self, src: usize, at: Time, bytes: Vec<u8>) {
         if self.rng.chance(self.link.loss) {
             self.stats.lost += 1;
             return;
         }
         let mut dst_mac = [0u8; 6];
         dst_mac.copy_from_slice(&bytes[..6]);
+        if MacAddr(dst_mac) == MacAddr::BROADCAST {
+            // A switch floods it: every other node gets its copy.
+            for dst in (0..self.nodes.len()).filter(|&d| d != src) {
+                self.enqueue_to(src, dst, at, bytes.clone());
+            }
+            return;
+        }
         let Some(dst) = self
             .nodes
             .iter()
@@ -331,6 +339,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Sim<S, R> {
             self.stats.undeliverable += 1;
             return;
         };
+        self.enqueue_to(src, dst, at, bytes);
+    }
+
+    fn enqueue_to(&mut self, src: usize, dst: usize, at: Time, mut bytes: Vec<u8>) {
         if self.blocked.contains(&(src, dst)) {
             self.stats.undeliverable += 1;
             return;

@@ -4,7 +4,10 @@
 mod common;
 
 use common::*;
-use emx::proto::{Completion, CoreConfig, DropReason, PeerId, RecvError, RequestError, SendError};
+use emx::proto::{
+    Completion, Core, CoreConfig, DropReason, MacAddr, PeerId, RecvError, RequestError, SendError,
+    Time,
+};
 use emx::sim::LinkConfig;
 use std::time::Duration;
 
@@ -664,6 +667,31 @@ fn messages_acknowledged_behind_a_lost_one_are_kept_when_their_peer_is_given_up(
     }
     assert!(sim.core_ref(0).owes_nothing());
     assert_eq!(sim.core_ref(0).outstanding(), 0);
+}
+
+/// As above, for a peer whose address is learnt, and that comes back on
+/// another one: its first frames teach its new address after the silence as
+/// they teach its epoch. (The address was learnt only from a later epoch, so
+/// such a peer was refused as not ours however long the silence, for good.)
+#[test]
+fn a_restart_on_a_new_address_with_an_earlier_epoch_is_taken_after_a_silence() {
+    let cfg = cfg();
+    let mut sim: TestSim = emx::sim::Sim::new(LinkConfig::default());
+    let mut c0: TestCore = Core::new(cfg.clone(), addr(0), mac(0), 1, Time::ZERO).unwrap();
+    c0.add_peer(addr(1), MacAddr::BROADCAST).unwrap();
+    sim.add_core(c0);
+    sim.add_core(make_core(&cfg, 1, 2, 1000, Time::ZERO));
+    transfer(&mut sim, 1, 0, 1000, 1);
+    assert_eq!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch, 1000);
+    let now = sim.now();
+    let mut c1: TestCore = Core::new(cfg.clone(), addr(1), mac(5), 900, now).unwrap();
+    c1.add_peer(addr(0), mac(0)).unwrap();
+    sim.replace_core(1, c1);
+    sim.run_until(now + cfg.peer_timeout * 3, |_| false);
+    transfer(&mut sim, 1, 0, 1000, 2);
+    transfer(&mut sim, 0, 1, 1000, 3);
+    let info = sim.core_ref(0).peer_info(PeerId(0)).unwrap();
+    assert_eq!(info.epoch, 900);
 }
 
 /// Messages kept behind a lost one, arrived in reverse order, are matched in

@@ -1468,12 +1468,18 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // again when it comes back with a new epoch (a restarted container
             // may have a new address).
             // (A peer declared dead has no epoch any more: it comes back with any.)
+            // The epoch rule is `handle_peer_frame`'s, silence clause included: a
+            // restart whose epoch reads as earlier is taken after a silence
+            // past the liveness deadline, from a frame that does not know ours.
+            let silent =
+                now.0.saturating_sub(peer.last_heard.0) > self.cfg.peer_timeout.as_nanos() as u64;
             let learn = peer.auto_mac
                 && h.src_mac.is_unicast()
                 && !peer.old_session(&h)
                 && (peer.mac == MacAddr::BROADCAST
                     || peer.epoch == 0
-                    || epoch_after(h.src_epoch, peer.epoch));
+                    || epoch_after(h.src_epoch, peer.epoch)
+                    || (silent && h.dst_epoch == 0 && h.src_epoch != peer.epoch));
             if !learn {
                 peer.stats.dropped.count(DropReason::NotForUs);
                 return Err(DropReason::NotForUs);
