@@ -769,3 +769,33 @@ fn a_kept_message_taken_before_a_reconnected_peer_answers_owes_it_nothing() {
     assert!(until_both_up(&mut sim), "the sessions did not come back");
     transfer(&mut sim, 1, 0, 3000, 8);
 }
+
+/// A receiver that posts first (its receive naming the sender greets it) and
+/// a sender that sends once greeted: the first message goes at once. The
+/// sender learnt the receiver's epoch from that greeting, but not its
+/// credit (a frame that does not know our epoch acknowledges nothing), and
+/// its answer asked for no acknowledgement: the message waited for a persist
+/// probe, a retransmission timeout (1 ms) later.
+#[test]
+fn a_sender_greeted_first_sends_at_once() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    let now = sim.now();
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 5, !0, vec![0; 8], 50)
+        .unwrap();
+    // Core 1 hears the greeting (and answers it) within a few microseconds.
+    sim.run_until(now + Duration::from_micros(50), |_| false);
+    assert_ne!(sim.core_ref(1).peer_info(PeerId(0)).unwrap().epoch, 0);
+    let sent = sim.now();
+    sim.core(1)
+        .send(sent, addr(0), 5, b"greeted".to_vec(), 5)
+        .unwrap();
+    let got = outcomes(&mut sim, 2, sent + Duration::from_millis(20));
+    assert_eq!(got, vec![(0, 50, None), (1, 5, None)]);
+    assert!(
+        sim.now() - sent < Duration::from_micros(100),
+        "took {:?}",
+        sim.now() - sent
+    );
+}

@@ -2212,7 +2212,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         let peer = &self.peers[p as usize];
         let mut h = self.base_header(peer, ft);
-        if ping || (ft == FrameType::Hello && peer.epoch == 0) {
+        // A HELLO asks for an answer while it lacks what only a frame naming
+        // our epoch gives: the peer's epoch, or its credit (learnt from its
+        // greeting, which did not know ours, we would otherwise wait for a
+        // persist probe before our first message).
+        if ping || (ft == FrameType::Hello && (peer.epoch == 0 || !peer.credit_known)) {
             h.flags |= flags::ACK_REQ;
         }
         if ft == FrameType::Hello && peer.greet_all {
