@@ -799,3 +799,48 @@ fn a_sender_greeted_first_sends_at_once() {
         sim.now() - sent
     );
 }
+
+/// A quiet peer whose address was learnt, probed once a `keepalive`, is
+/// probed at its address: everyone is greeted (a broadcast HELLO) only once
+/// a probe went unanswered. Every probe used to broadcast: on a quiet
+/// cluster of auto-MAC nodes, a HELLO from each node for each peer to every
+/// node, each `keepalive`.
+#[test]
+fn a_quiet_learnt_peer_is_probed_without_greeting_everyone() {
+    let cfg = cfg();
+    let mut sim: TestSim = emx::sim::Sim::new(LinkConfig::default());
+    for i in 0..2 {
+        let mut c: TestCore = Core::new(cfg.clone(), addr(i), mac(i), 1, Time::ZERO).unwrap();
+        c.add_peer(addr(1 - i), MacAddr::BROADCAST).unwrap();
+        sim.add_core(c);
+    }
+    transfer(&mut sim, 0, 1, 100, 1);
+    // Both watch the other (a receive naming it), so both probe it.
+    let now = sim.now();
+    for i in 0..2 {
+        sim.core(i)
+            .post_recv(now, Some(addr(1 - i)), 9, !0, vec![0; 8], 9)
+            .unwrap();
+    }
+    let hellos = |sim: &TestSim| -> u64 {
+        (0..2)
+            .map(|i| sim.core_ref(i).peer_stats(PeerId(0)).unwrap().hellos_sent)
+            .sum()
+    };
+    let (before, probes) = (hellos(&sim), |sim: &TestSim| -> u64 {
+        (0..2)
+            .map(|i| {
+                sim.core_ref(i)
+                    .peer_stats(PeerId(0))
+                    .unwrap()
+                    .keepalives_sent
+            })
+            .sum()
+    });
+    let pings = probes(&sim);
+    sim.run_until(now + cfg.keepalive * 20, |_| false);
+    let (hellos, pings) = (hellos(&sim) - before, probes(&sim) - pings);
+    assert!(pings >= 5, "{pings} probes");
+    assert_eq!(hellos, 0, "{hellos} HELLOs for {pings} probes");
+    assert!(!sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+}

@@ -1761,7 +1761,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             }
             if peer.rto_at <= now {
                 self.on_rto(now, p);
-                self.greet_all_if_learnt(p);
+                self.greet_all_if_learnt(now, p);
             }
             let peer = &self.peers[p as usize];
             if peer.monitored() && !peer.dead {
@@ -1783,7 +1783,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                             // one waits twice as long (up to `keepalive`).
                             peer.rtt.back_off();
                         }
-                        self.greet_all_if_learnt(p);
+                        self.greet_all_if_learnt(now, p);
                     }
                 }
             }
@@ -1793,9 +1793,17 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
 
     /// A peer whose address was learnt and that stopped answering may have
     /// come back on another one: greet everyone, so that it can answer.
-    fn greet_all_if_learnt(&mut self, p: u16) {
+    /// Stopped answering: silent for more than `keepalive`, so that a probe
+    /// went unanswered. (The first probe of an idle peer, `keepalive` after
+    /// its last frame, broadcast too: a HELLO to every node from every node
+    /// for every peer, each `keepalive`, on a quiet cluster.)
+    fn greet_all_if_learnt(&mut self, now: Time, p: u16) {
+        let peer = &self.peers[p as usize];
+        // (From when it was last heard, or first watched.)
+        let silent = now.0.saturating_sub(peer.last_heard.max(peer.live_base).0)
+            > self.cfg.keepalive.as_nanos() as u64;
         let peer = &mut self.peers[p as usize];
-        if peer.auto_mac && peer.mac != MacAddr::BROADCAST {
+        if silent && peer.auto_mac && peer.mac != MacAddr::BROADCAST {
             peer.hello_now = true;
             peer.greet_all = true;
         }
