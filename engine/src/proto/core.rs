@@ -1016,8 +1016,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     ///   rendezvous announced and not yet pulled whole) stays incomplete at its
     ///   receiver, which learns of it only when this endpoint comes back with a new epoch
     ///   or goes silent. Frames of aborted sends that were in flight are not sent again,
-    ///   so if one of them was lost the session with that peer stalls until the peer
-    ///   declares this endpoint unreachable. Both are the ordinary end of a shutdown.
+    ///   so if one of them was lost the peer's stream has a hole that never fills: it
+    ///   acknowledges nothing past it, and whichever side next has frames in flight
+    ///   gives the other up at its progress deadline (this core, if it sends again
+    ///   before closing, failing those later requests as unreachable). Both are the
+    ///   ordinary end of a shutdown, which sends nothing more.
     ///
     /// `now` is the time of the call (aborting starts no timer).
     pub fn abort_all(&mut self, now: Time) {
