@@ -709,11 +709,26 @@ fn emxctl_wait_asks_again_and_says_why_not() {
     assert!(!o.status.success());
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     assert!(stderr(&o).contains("no reply"), "{}", stderr(&o));
-    for bad in ["nan", "inf", "-1"] {
+    for bad in ["nan", "inf", "-1", "1e20"] {
         let o = ctl(&mute, &["wait", &format!("--within={bad}")]);
         assert!(!o.status.success());
         assert!(stderr(&o).contains("want seconds"), "{}", stderr(&o));
     }
+    // Found without --control, in a control folder where its socket is not
+    // yet: an emxd started just before the wait (it used to fail at once).
+    let folder = dir.path("run");
+    std::fs::create_dir_all(&folder).unwrap();
+    fake_emxd(
+        &folder.join("emxd-late.sock"),
+        Duration::from_millis(500),
+        peers(PeerState::Up),
+    );
+    let o = Command::new(EMXCTL)
+        .env("EMX_CONTROL_DIR", &folder)
+        .args(["wait", "--within", "10"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 /// emxctl whose reader went away (`emxctl peers | head -1`) ends quietly,
@@ -738,6 +753,28 @@ fn emxctl_into_a_closed_pipe() {
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    // What it asked still decides the exit: a refusal printed into a closed
+    // pipe is a failure (it exited 0, so `emxctl check | head` passed).
+    let no = dir.path("no.sock");
+    fake_emxd(
+        &no,
+        Duration::ZERO,
+        "{\"ok\":false,\"error\":\"no\"}\n".into(),
+    );
+    wait_for(Duration::from_secs(5), "the fake socket", || {
+        no.exists().then_some(())
+    });
+    let mut child = Command::new(EMXCTL)
+        .arg("--control")
+        .arg(&no)
+        .args(["--json", "peers"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
 }
 
 /// Nodes that check each other at once all get their answers: each check's

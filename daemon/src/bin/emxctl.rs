@@ -21,15 +21,25 @@ macro_rules! outln {
     };
 }
 
+/// A reader of stdout went away: print nothing more.
+static READER_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Prints a line to stdout. A reader that went away (`emxctl peers | head
-/// -1`) ends emxctl quietly with what it asked done, not with a panic (Rust
-/// ignores SIGPIPE, and `println!` panics on the write's EPIPE).
+/// -1`) ends the printing quietly, not with a panic (Rust ignores SIGPIPE,
+/// and `println!` panics on the write's EPIPE); emxctl still exits with what
+/// it asked came to (it used to exit 0, so `emxctl check | head` passed a
+/// failed check).
 fn out(line: std::fmt::Arguments) {
     use std::io::Write;
+    use std::sync::atomic::Ordering;
+    if READER_GONE.load(Ordering::Relaxed) {
+        return;
+    }
     let mut o = std::io::stdout().lock();
     if let Err(e) = writeln!(o, "{line}") {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
+            READER_GONE.store(true, Ordering::Relaxed);
+            return;
         }
         eprintln!("emxctl: cannot write the output: {e}");
         std::process::exit(1);
@@ -123,10 +133,16 @@ fn parse_size(s: &str) -> Result<u64, String> {
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("bad time {s:?} (want seconds, such as 30 or 0.5)")),
+        // (A year at most: a Duration of 1e20 s would panic.)
+        Ok(v) if v.is_finite() && (0.0..=MAX_WITHIN).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "bad time {s:?} (want seconds, such as 30 or 0.5, up to {MAX_WITHIN})"
+        )),
     }
 }
+
+/// The longest `wait --within`: a year.
+const MAX_WITHIN: f64 = 365.0 * 86_400.0;
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -213,13 +229,15 @@ fn by_id(id: u16, dir: &std::path::Path) -> Result<PathBuf, String> {
 /// `emxctl wait`: polls `peers` until the chosen ones are all in `want`,
 /// asking again, until `within` seconds are up, an emxd that does not answer
 /// yet or says no (starting, restarting); each request waits at most
-/// `timeout` for its reply.
+/// `timeout` for its reply. The socket is found again on every turn: an
+/// emxd started just before the wait has none yet (the wait used to give
+/// up at once), and one found by id answers only once started.
 fn wait(
-    path: &std::path::Path,
+    args: &Args,
     (want, peer, within): (Want, Option<&str>, f64),
     timeout: Duration,
-    json: bool,
 ) -> Result<ExitCode, String> {
+    let json = args.json;
     let t = std::time::Instant::now();
     let deadline = Duration::from_secs_f64(within);
     let chosen = |e: &control::PeerEntry| {
@@ -231,10 +249,13 @@ fn wait(
     };
     loop {
         let left = deadline.saturating_sub(t.elapsed());
-        let asked = control::request(path, &Request::Peers, timeout.min(left).max(MIN_ASK));
+        let asked = socket(args).and_then(|path| {
+            control::request(&path, &Request::Peers, timeout.min(left).max(MIN_ASK))
+                .map_err(|e| e.to_string())
+        });
         // Why not yet, for the message at the deadline.
         let why = match asked {
-            Err(e) => e.to_string(),
+            Err(e) => e,
             Ok(reply) if reply["ok"].as_bool() != Some(true) => {
                 format!("emxd said: {}", reply["error"].as_str().unwrap_or("no"))
             }
@@ -286,7 +307,6 @@ fn wait(
 const MIN_ASK: Duration = Duration::from_millis(100);
 
 fn run(args: &Args) -> Result<ExitCode, String> {
-    let path = socket(args)?;
     if let Cmd::Wait {
         state,
         peer,
@@ -294,13 +314,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     } = &args.cmd
     {
         let timeout = Duration::from_secs(args.timeout.unwrap_or(10));
-        return wait(
-            &path,
-            (*state, peer.as_deref(), *within),
-            timeout,
-            args.json,
-        );
+        return wait(args, (*state, peer.as_deref(), *within), timeout);
     }
+    let path = socket(args)?;
     let req = match &args.cmd {
         Cmd::Wait { .. } => unreachable!("handled above"),
         Cmd::Status => Request::Status,
@@ -342,8 +358,10 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         }
         Cmd::Check { .. } => {
             // A check that ran has results even when it failed.
-            if let Ok(report) = serde_json::from_value::<CheckReport>(reply) {
-                print_check(&report);
+            match serde_json::from_value::<CheckReport>(reply) {
+                Ok(report) => print_check(&report),
+                Err(_) if ok => return Err(parse("check")),
+                Err(_) => {}
             }
         }
         Cmd::Shutdown if ok => outln!("emxd is stopping"),
