@@ -65,7 +65,7 @@
 //! polling core the engine runs on its own thread and the main loop only
 //! takes completions.
 //!
-//! On SIGTERM or SIGINT (or `shutdown`), emxd stops taking work: it answers
+//! On SIGTERM, SIGINT or SIGHUP (or `shutdown`), emxd stops taking work: it answers
 //! running checks with an error, cancels the receives that hold nothing yet,
 //! gives every request that carries data (an echo being sent, a message
 //! being received) up to two seconds to finish

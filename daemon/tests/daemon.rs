@@ -573,15 +573,19 @@ fn starting_server(dir: &TempDir) -> Daemon {
 /// then emxd exited 1 for a link that never came up.
 #[test]
 fn a_signal_during_start_up_stops_emxd() {
-    let dir = TempDir::new("startstop");
-    let mut a = starting_server(&dir);
-    // Past the port's start, into the wait for a client that never comes.
-    std::thread::sleep(Duration::from_millis(300));
-    a.signal(Signal::SIGTERM);
-    let status = a.wait(Duration::from_secs(3));
-    assert!(status.success(), "{status}: {}", a.log());
-    assert!(a.log().contains("stopped while starting"), "{}", a.log());
-    assert!(!a.control.exists(), "the control socket is removed");
+    // SIGHUP as well (a terminal closed under `emxd &`): it used to kill
+    // emxd outright, its socket file left behind.
+    for (tag, sig) in [("term", Signal::SIGTERM), ("hup", Signal::SIGHUP)] {
+        let dir = TempDir::new(&format!("startstop-{tag}"));
+        let mut a = starting_server(&dir);
+        // Past the port's start, into the wait for a client that never comes.
+        std::thread::sleep(Duration::from_millis(300));
+        a.signal(sig);
+        let status = a.wait(Duration::from_secs(3));
+        assert!(status.success(), "{sig}: {status}: {}", a.log());
+        assert!(a.log().contains("stopped while starting"), "{}", a.log());
+        assert!(!a.control.exists(), "the control socket is removed");
+    }
 }
 
 /// emxd answers its control socket while it starts: requests are told it

@@ -166,8 +166,7 @@ impl Daemon {
         } else {
             info!("signal received");
         }
-        self.shutdown();
-        Ok(())
+        self.shutdown()
     }
 
     /// Serves one control request; true when it asks emxd to stop.
@@ -392,8 +391,10 @@ impl Daemon {
 
     /// Stops: no new work, checks answered, idle receives cancelled, data
     /// requests drained until [`DRAIN`] (the rest aborted), the engine shut
-    /// down. Logs what was drained and what aborted.
-    fn shutdown(mut self) {
+    /// down. Logs what was drained and what aborted. Fails when the engine
+    /// died meanwhile (its polling thread panicked), as `run` does when it
+    /// dies before: the stop was not clean. (It used to exit 0.)
+    fn shutdown(mut self) -> Result<(), String> {
         info!(
             deadline_ms = DRAIN.as_millis() as u64,
             "stopping: draining requests"
@@ -408,10 +409,12 @@ impl Daemon {
         let until = std::time::Instant::now() + DRAIN;
         let left = || until.saturating_duration_since(std::time::Instant::now());
         let (mut drained, mut aborted) = (0, 0);
+        let mut died = None;
         let stations = std::mem::take(&mut self.stations);
         for mut st in stations {
             let endpoint = st.local.endpoint;
             let cancelled = st.quiesce(&mut self.checks, left().min(Duration::from_millis(200)));
+            died = died.or_else(|| st.dead.clone());
             let sum = st.close(left(), cancelled);
             drained += sum.drained;
             aborted += sum.aborted;
@@ -435,8 +438,16 @@ impl Daemon {
         }
         if let Some(engine) = self.engine.take() {
             if let Err(e) = engine.shutdown(left()) {
-                warn!(error = %e, "engine shutdown");
+                died = died.or(Some(e.to_string()));
             }
+        }
+        if let Some(why) = died {
+            tracing::error!(
+                drained,
+                aborted,
+                "the engine stopped while emxd was stopping: {why}"
+            );
+            return Err(format!("the engine stopped while emxd was stopping: {why}"));
         }
         if aborted == 0 {
             info!(
@@ -449,5 +460,6 @@ impl Daemon {
                 aborted, "emxd stopped: {aborted} requests in flight were aborted at the deadline"
             );
         }
+        Ok(())
     }
 }

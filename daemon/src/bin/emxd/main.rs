@@ -141,7 +141,13 @@ fn run(args: Args) -> Result<(), Failure> {
     }
 
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+    // SIGHUP too: a terminal that closes under `emxd ... &` would otherwise
+    // kill it outright, with no drain and its socket file left behind.
+    for sig in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ] {
         // A second signal while draining ends emxd at once (exit 1).
         signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
             .map_err(|e| Failure::Start(format!("cannot handle signal {sig}: {e}")))?;
