@@ -68,6 +68,8 @@ pub struct Daemon {
     max: usize,
     ctl: Receiver<Control>,
     stop: Arc<AtomicBool>,
+    /// A `shutdown` asked over the control socket while emxd started.
+    asked_early: Arc<AtomicBool>,
 }
 
 /// The parts of a started node the daemon takes over.
@@ -89,13 +91,14 @@ pub struct Parts {
 }
 
 impl Daemon {
-    /// A daemon over a started node; `stop` is raised by the signal handlers.
+    /// A daemon over a started node; `stop` is raised by the signal
+    /// handlers, `asked_early` by a `shutdown` asked while emxd started.
     pub fn new(
         parts: Parts,
         cluster: ClusterConfig,
         info: NodeInfo,
         ctl: Receiver<Control>,
-        stop: Arc<AtomicBool>,
+        (stop, asked_early): (Arc<AtomicBool>, Arc<AtomicBool>),
     ) -> Daemon {
         Daemon {
             stations: parts.stations,
@@ -111,6 +114,7 @@ impl Daemon {
             max: parts.max,
             ctl,
             stop,
+            asked_early,
         }
     }
 
@@ -121,7 +125,13 @@ impl Daemon {
         let mut nap = NAP_MIN;
         let mut next_scan = Instant::now();
         let mut asked = false;
+        // (Asked early: a request that found emxd starting, answered just
+        // before the loop took over, is looked for on every turn.)
         while !asked && !self.stop.load(Ordering::Relaxed) {
+            if self.asked_early.load(Ordering::Relaxed) {
+                asked = true;
+                break;
+            }
             let mut busy = false;
             for st in &mut self.stations {
                 busy |= st.poll(&mut self.checks);

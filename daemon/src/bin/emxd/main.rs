@@ -160,9 +160,10 @@ fn run(args: Args) -> Result<(), Failure> {
         .unwrap_or_else(|| default_control_path(&spec.name));
     let (listener, socket_file) = server::bind(&control).map_err(Failure::Start)?;
     let (tx, rx) = std::sync::mpsc::channel();
+    let asked = Arc::new(AtomicBool::new(false));
     let gate = Arc::new(server::Gate {
         up: AtomicBool::new(false),
-        stop: stop.clone(),
+        asked: asked.clone(),
     });
     server::serve(listener, tx, gate.clone()).map_err(Failure::Start)?;
 
@@ -176,7 +177,9 @@ fn run(args: Args) -> Result<(), Failure> {
     );
     // A signal while the link is awaited (up to `link_wait_ms`) stops emxd
     // then, as one after the start drains it: exit 0.
-    let started = start_node_until(&node_cfg, &|| stop.load(Ordering::Relaxed));
+    let started = start_node_until(&node_cfg, &|| {
+        stop.load(Ordering::Relaxed) || asked.load(Ordering::Relaxed)
+    });
     if let Err(emx::runtime::Error::Stopped) = started {
         info!("stopped while starting, before the link came up");
         return Ok(());
@@ -254,7 +257,7 @@ fn run(args: Args) -> Result<(), Failure> {
         max,
     };
     gate.up.store(true, Ordering::Release);
-    let served = Daemon::new(parts, cluster, info, rx, stop).run();
+    let served = Daemon::new(parts, cluster, info, rx, (stop, asked)).run();
     drop(socket_file);
     served.map_err(Failure::Start)
 }

@@ -38,9 +38,10 @@ pub struct Control {
 pub struct Gate {
     /// Set once the main loop serves requests.
     pub up: AtomicBool,
-    /// emxd's stop flag (the signals'): a `shutdown` asked while emxd starts
-    /// raises it.
-    pub stop: Arc<AtomicBool>,
+    /// Raised by a `shutdown` asked while emxd starts. Not the signals' stop
+    /// flag, which it used to raise: a SIGTERM after it then counted as a
+    /// second signal and ended emxd at once, with no drain.
+    pub asked: Arc<AtomicBool>,
 }
 
 /// The reply to a request other than `shutdown` while emxd starts.
@@ -350,7 +351,7 @@ fn connection(stream: UnixStream, tx: Sender<Control>, gate: &Gate) {
             Ok(_) if client_left(&stream) => return,
             Ok(Request::Shutdown) if !gate.up.load(Ordering::Acquire) => {
                 info!("shutdown requested over the control socket while starting");
-                gate.stop.store(true, Ordering::Relaxed);
+                gate.asked.store(true, Ordering::Relaxed);
                 reply_ok(&serde_json::json!({ "stopping": true }))
             }
             Ok(_) if !gate.up.load(Ordering::Acquire) => reply_err::<()>(STARTING, None),
