@@ -1008,8 +1008,14 @@ fn two_daemons_over_memif() {
     check_passes(&b, "1000,1M", 2);
 
     // Stopped by request and by SIGINT: both exit 0 and remove their socket.
+    // emxctl's shutdown returns once emxd is gone (it used to return at
+    // once, emxd still draining).
     let o = b.ctl(&["shutdown"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !b.control.exists(),
+        "emxctl shutdown returned, emxd still there"
+    );
     assert!(b.wait(Duration::from_secs(8)).success(), "{}", b.log());
     let mut a = a;
     a.signal(Signal::SIGINT);

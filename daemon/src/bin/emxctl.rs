@@ -92,7 +92,8 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', value_parser = parse_size)]
         sizes: Vec<u64>,
     },
-    /// Stop emxd: it drains what is in flight and exits.
+    /// Stop emxd: it drains what is in flight and exits. Returns once it
+    /// has (its control socket gone), or fails after --timeout.
     Shutdown,
     /// Wait until peers are in a state, for scripts: every peer (or those of
     /// --peer) up, or down. Prints how long it took; exits 1 at the deadline.
@@ -336,6 +337,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let timeout = Duration::from_secs(args.timeout.unwrap_or(default_timeout));
     let reply = control::request(&path, &req, timeout).map_err(|e| e.to_string())?;
     let ok = reply["ok"].as_bool() == Some(true);
+    if ok && matches!(args.cmd, Cmd::Shutdown) {
+        gone(&path, timeout)?;
+    }
     if args.json {
         outln!("{reply}");
         return Ok(if ok {
@@ -364,7 +368,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
                 Err(_) => {}
             }
         }
-        Cmd::Shutdown if ok => outln!("emxd is stopping"),
+        Cmd::Shutdown if ok => outln!("emxd stopped"),
         _ => {}
     }
     if ok {
@@ -372,6 +376,24 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     } else {
         Err(error)
     }
+}
+
+/// Waits until the emxd at `path`, told to stop, is gone (its socket refuses
+/// or is removed), for up to `timeout`: a script that starts the next one
+/// right after `emxctl shutdown` used to find this one still serving.
+fn gone(path: &std::path::Path, timeout: Duration) -> Result<(), String> {
+    let t = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(path).is_ok() {
+        if t.elapsed() >= timeout {
+            return Err(format!(
+                "emxd said it stops, but still answers at {} after {} s",
+                path.display(),
+                timeout.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// Prints rows as columns, the first row as the header.
