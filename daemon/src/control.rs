@@ -437,6 +437,30 @@ pub enum ClientError {
         /// What connecting said.
         reason: String,
     },
+    /// The socket is another user's: its mode (0600) lets only its owner in.
+    #[error(
+        "{path}: permission denied: the socket belongs to uid {owner}, and only its owner may \
+         use it: run emxctl as that user (or as root)"
+    )]
+    NotYours {
+        /// The socket path.
+        path: String,
+        /// The socket file's owner.
+        owner: u32,
+    },
+    /// What listens there is another user's process, not ours or root's: in a
+    /// folder others may write (`/tmp`) anyone can bind the name first.
+    #[error(
+        "{path}: served by a process of uid {uid}, neither you nor root: not your emxd; \
+         give emxd and emxctl a control folder only you can write (EMX_CONTROL_DIR, such as \
+         $XDG_RUNTIME_DIR)"
+    )]
+    Foreign {
+        /// The socket path.
+        path: String,
+        /// The listener's user.
+        uid: u32,
+    },
     /// The connection failed midway.
     #[error(
         "{path}: {source} (if that is not emxd's control socket, give --control the one it is)"
@@ -485,9 +509,18 @@ pub fn request(
         source,
     };
     let stream = UnixStream::connect(path).map_err(|e| {
-        use std::os::unix::fs::FileTypeExt;
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let meta = std::fs::metadata(path);
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            if let Ok(m) = &meta {
+                return ClientError::NotYours {
+                    path: shown.clone(),
+                    owner: m.uid(),
+                };
+            }
+        }
         // Connecting to a file that is no socket reads "connection refused".
-        let reason = match std::fs::metadata(path) {
+        let reason = match meta {
             Ok(m) if !m.file_type().is_socket() => "it is not a socket".to_owned(),
             _ => e.to_string(),
         };
@@ -496,6 +529,18 @@ pub fn request(
             reason,
         }
     })?;
+    // emxd's own socket lets only its owner in, but the name is anyone's to
+    // take first in a folder others may write: a reply from another user's
+    // process would be believed (a forged check passed, say).
+    if let Ok(cred) =
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+    {
+        let me = nix::unistd::geteuid().as_raw();
+        let uid = cred.uid();
+        if uid != me && uid != 0 && me != 0 {
+            return Err(ClientError::Foreign { path: shown, uid });
+        }
+    }
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
     let mut line = serde_json::to_string(req).expect("a request serializes");

@@ -739,6 +739,35 @@ fn emxctl_wait_asks_again_and_says_why_not() {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// emxctl run by a user that may not use the socket (its mode lets only its
+/// owner in) says whose it is and what to do, not "is emxd running?".
+#[test]
+fn emxctl_on_another_users_socket_says_whose() {
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("ctlperm");
+    let sock = dir.path("root.sock");
+    fake_emxd(&sock, Duration::ZERO, peers_reply(1, PeerState::Up));
+    wait_for(Duration::from_secs(5), "the fake socket", || {
+        sock.exists().then_some(())
+    });
+    std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    // (As root the test can be anyone: here nobody, 65534.)
+    let o = Command::new(EMXCTL)
+        .arg("--control")
+        .arg(&sock)
+        .arg("peers")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("belongs to uid 0") && err.contains("run emxctl as that user"),
+        "{err}"
+    );
+}
+
 /// emxctl whose reader went away (`emxctl peers | head -1`) ends quietly,
 /// not with a panic (exit 101).
 #[test]

@@ -117,6 +117,14 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
                     ))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    return Err(format!(
+                        "control socket {shown}: another user's socket is there{} (give \
+                         --control a path in a folder only you can write, such as \
+                         $XDG_RUNTIME_DIR, and the same to emxctl)",
+                        owner(path)
+                    ))
+                }
                 Err(e) => {
                     return Err(format!(
                         "control socket {shown}: there is a socket there, and connecting to it \
@@ -125,13 +133,25 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
                 }
             }
             std::fs::remove_file(path).map_err(|e| {
-                format!("control socket {shown}: cannot remove the stale socket: {e}")
+                format!(
+                    "control socket {shown}: cannot remove the stale socket{}: {e}{}",
+                    owner(path),
+                    fix(&e)
+                )
             })?;
             listen_at(path).map_err(|e| format!("control socket {shown}: {e}"))?
         }
         Err(e) => return Err(format!("control socket {shown}: {e}{}", fix(&e))),
     };
     Ok((listener, SocketFile(path.to_owned())))
+}
+
+/// ", owned by uid N" for the file at `path`, when it can be read.
+fn owner(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .map(|m| format!(", owned by uid {}", m.uid()))
+        .unwrap_or_default()
 }
 
 /// What to do about a control socket that cannot be made, where it is plain.
