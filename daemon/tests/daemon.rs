@@ -647,6 +647,14 @@ fn fake_emxd(sock: &Path, delay: Duration, reply: String) {
     });
 }
 
+/// [`fake_emxd`] at once, its socket there on return.
+fn fake_emxd_up(sock: &Path, reply: String) {
+    fake_emxd(sock, Duration::ZERO, reply);
+    wait_for(Duration::from_secs(5), "the fake socket", || {
+        sock.exists().then_some(())
+    });
+}
+
 /// emxd's reply to `peers` (a line) with `n` peers in `state`.
 fn peers_reply(n: u16, state: PeerState) -> String {
     let peers = (0..n)
@@ -694,14 +702,10 @@ fn emxctl_wait_asks_again_and_says_why_not() {
     assert_eq!(v["peers"][0]["state"], "up", "{v}");
     // One that says no.
     let no = dir.path("no.sock");
-    fake_emxd(
+    fake_emxd_up(
         &no,
-        Duration::ZERO,
         "{\"ok\":false,\"error\":\"emxd is shutting down\"}\n".into(),
     );
-    wait_for(Duration::from_secs(5), "the fake socket", || {
-        no.exists().then_some(())
-    });
     let o = ctl(&no, &["wait", "--within", "0.3"]);
     assert!(!o.status.success());
     assert!(
@@ -746,10 +750,7 @@ fn emxctl_on_another_users_socket_says_whose() {
     use std::os::unix::process::CommandExt;
     let dir = TempDir::new("ctlperm");
     let sock = dir.path("root.sock");
-    fake_emxd(&sock, Duration::ZERO, peers_reply(1, PeerState::Up));
-    wait_for(Duration::from_secs(5), "the fake socket", || {
-        sock.exists().then_some(())
-    });
+    fake_emxd_up(&sock, peers_reply(1, PeerState::Up));
     std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     // (As root the test can be anyone: here nobody, 65534.)
     let o = Command::new(EMXCTL)
@@ -774,10 +775,7 @@ fn emxctl_on_another_users_socket_says_whose() {
 fn emxctl_into_a_closed_pipe() {
     let dir = TempDir::new("ctlpipe");
     let sock = dir.path("many.sock");
-    fake_emxd(&sock, Duration::ZERO, peers_reply(2000, PeerState::Up));
-    wait_for(Duration::from_secs(5), "the fake socket", || {
-        sock.exists().then_some(())
-    });
+    fake_emxd_up(&sock, peers_reply(2000, PeerState::Up));
     let mut child = Command::new(EMXCTL)
         .arg("--control")
         .arg(&sock)
@@ -793,14 +791,7 @@ fn emxctl_into_a_closed_pipe() {
     // What it asked still decides the exit: a refusal printed into a closed
     // pipe is a failure (it exited 0, so `emxctl check | head` passed).
     let no = dir.path("no.sock");
-    fake_emxd(
-        &no,
-        Duration::ZERO,
-        "{\"ok\":false,\"error\":\"no\"}\n".into(),
-    );
-    wait_for(Duration::from_secs(5), "the fake socket", || {
-        no.exists().then_some(())
-    });
+    fake_emxd_up(&no, "{\"ok\":false,\"error\":\"no\"}\n".into());
     let mut child = Command::new(EMXCTL)
         .arg("--control")
         .arg(&no)

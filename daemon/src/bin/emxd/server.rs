@@ -450,6 +450,18 @@ fn write_by(stream: &UnixStream, out: &[u8], until: Instant) -> std::io::Result<
 mod tests {
     use super::*;
 
+    /// `e` is a timeout, which came within a second of `t`.
+    fn timed_out(e: &std::io::Error, t: Instant) {
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ),
+            "{e}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+
     /// A reply that a client reads a little at a time ends at its deadline.
     #[test]
     fn a_reply_read_slowly_meets_its_deadline() {
@@ -468,14 +480,7 @@ mod tests {
         // More than the socket buffers hold.
         let out = vec![b'x'; 8 << 20];
         let e = write_by(&a, &out, t + Duration::from_millis(300)).unwrap_err();
-        assert!(
-            matches!(
-                e.kind(),
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-            ),
-            "{e}"
-        );
-        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        timed_out(&e, t);
         drop(a);
         reader.join().unwrap();
     }
@@ -499,14 +504,7 @@ mod tests {
         });
         let mut line = Vec::new();
         let e = reader.read_until(b'\n', &mut line).unwrap_err();
-        assert!(
-            matches!(
-                e.kind(),
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-            ),
-            "{e}"
-        );
-        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        timed_out(&e, t);
         assert!(!line.is_empty(), "bytes came meanwhile");
         drop(reader);
         drop(a);
