@@ -774,35 +774,31 @@ fn emxctl_on_another_users_socket_says_whose() {
 #[test]
 fn emxctl_into_a_closed_pipe() {
     let dir = TempDir::new("ctlpipe");
-    let sock = dir.path("many.sock");
-    fake_emxd_up(&sock, peers_reply(2000, PeerState::Up));
-    let mut child = Command::new(EMXCTL)
-        .arg("--control")
-        .arg(&sock)
-        .arg("peers")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    // emxctl with `args` at a fake emxd that answers `reply`, its stdout
+    // closed before it writes: how it exits, and what it said.
+    let closed = |name: &str, reply: String, args: &[&str]| {
+        let sock = dir.path(name);
+        fake_emxd_up(&sock, reply);
+        let mut child = Command::new(EMXCTL)
+            .arg("--control")
+            .arg(&sock)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        (o.status.code(), stderr(&o))
+    };
+    let (code, err) = closed("many.sock", peers_reply(2000, PeerState::Up), &["peers"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
     // What it asked still decides the exit: a refusal printed into a closed
     // pipe is a failure (it exited 0, so `emxctl check | head` passed).
-    let no = dir.path("no.sock");
-    fake_emxd_up(&no, "{\"ok\":false,\"error\":\"no\"}\n".into());
-    let mut child = Command::new(EMXCTL)
-        .arg("--control")
-        .arg(&no)
-        .args(["--json", "peers"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let no = "{\"ok\":false,\"error\":\"no\"}\n".to_owned();
+    let (code, err) = closed("no.sock", no, &["--json", "peers"]);
+    assert_eq!(code, Some(1), "{err}");
 }
 
 /// Nodes that check each other at once all get their answers: each check's
