@@ -1,7 +1,8 @@
 //! Fuzzing that runs in CI: the frame parser on arbitrary bytes, header round trips, and
 //! arbitrary frame sequences (garbage and well-formed frames with arbitrary fields and
-//! good checksums) fed into live cores. Nothing may panic, every drop is counted, the
-//! unexpected store stays bounded, and the cores can still talk afterwards.
+//! good checksums) fed into live cores, with restarts of the peer among them. Nothing may
+//! panic, every drop is counted, the unexpected store stays bounded, and the cores can still
+//! talk afterwards.
 
 mod common;
 
@@ -106,6 +107,9 @@ enum Op {
     /// A PACK of well-formed records (match bits, length) under an arbitrary header.
     Pack(Header, Vec<(u64, usize)>),
     Wait(u64),
+    /// Core 0 restarts with this epoch (later, earlier or the same as before:
+    /// epochs are serial numbers, and a clock may step back).
+    Restart(u32),
 }
 
 /// Emits `h` as a PACK of `records`, with a good checksum over them.
@@ -134,6 +138,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (header(), prop::collection::vec((0u64..4, 0usize..80), 1..20))
             .prop_map(|(h, r)| Op::Pack(h, r)),
         1 => (0u64..5_000).prop_map(Op::Wait),
+        1 => prop_oneof![Just(1u32), Just(2), Just(0x8000_0001), 1u32..].prop_map(Op::Restart),
     ]
 }
 
@@ -188,6 +193,7 @@ proptest! {
 
         let mut count = 0u64;
         let mut hdr = [0u8; 128];
+        let mut used = std::collections::BTreeSet::from([1u32]);
         for op in ops {
             let now = sim.now();
             match op {
@@ -204,6 +210,16 @@ proptest! {
                 Op::Wait(us) => {
                     let t = now + Duration::from_micros(us);
                     sim.run_until(t, |_| false);
+                }
+                Op::Restart(epoch) => {
+                    // Never an epoch it had before: a restart must change it
+                    // (the core's contract; one the peer still knows would be
+                    // taken for the old session).
+                    let mut epoch = epoch;
+                    while epoch == 0 || !used.insert(epoch) {
+                        epoch = epoch.wrapping_add(1);
+                    }
+                    sim.replace_core(0, make_core(&cfg, 0, 2, epoch, now));
                 }
             }
             // Core 1 answers whatever it wants; those frames are checked and dropped.
