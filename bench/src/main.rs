@@ -317,6 +317,7 @@ fn run(args: &Args) -> Result<(), String> {
         // Checked before the measurements, not after a minute of them.
         check_plot_path(path)?;
     }
+    check_windows(&tests, &sizes_for, args.window)?;
     // Before the session pins this thread to one core.
     let allowed = session::allowed_cpus();
     let cpus = allowed.len();
@@ -431,10 +432,23 @@ fn run(args: &Args) -> Result<(), String> {
              polling thread gets one of its own (see --cores)."
         ));
     }
+    let (link, hugepages, mtu) = (session.link_name.clone(), session.hugepages, session.mtu);
+    // The run's own failure first: stopping the echo side after it may fail
+    // for the same cause (a server that stopped answering), and would hide it.
+    let failure = match (result, session.finish()) {
+        (Err(e), Err(f)) => Some(format!("{e} (then, stopping the echo side: {f})")),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Some(e),
+        (Ok(()), Ok(())) => None,
+    };
+    if let Some(e) = &failure {
+        notes.push(format!(
+            "the run stopped early, at {e}: the rows are what it measured before"
+        ));
+    }
     let report = Report {
-        link: session.link_name.clone(),
-        hugepages: session.hugepages,
-        mtu: session.mtu,
+        link,
+        hugepages,
+        mtu,
         cpus,
         cores: placement,
         rounds: args.rounds,
@@ -443,12 +457,11 @@ fn run(args: &Args) -> Result<(), String> {
         skipped,
         notes,
     };
-    // The run's own failure first: stopping the echo side after it may fail
-    // for the same cause (a server that stopped answering), and would hide it.
-    match (result, session.finish()) {
-        (Err(e), Err(f)) => return Err(format!("{e} (then, stopping the echo side: {f})")),
-        (Err(e), Ok(())) | (Ok(()), Err(e)) => return Err(e),
-        (Ok(()), Ok(())) => {}
+    // What was measured before a failure is printed all the same (a sweep
+    // that failed at its last test used to print nothing but the error);
+    // the exit says it failed.
+    if failure.is_some() && report.rows.is_empty() {
+        return Err(failure.unwrap_or_default());
     }
     if args.json {
         println!(
@@ -463,7 +476,10 @@ fn run(args: &Args) -> Result<(), String> {
         std::fs::write(path, report::svg(&report, &transports))
             .map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
     }
-    Ok(())
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Refuses a `--plot` file that could not be written, or whose name says
@@ -494,6 +510,43 @@ fn check_plot_path(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Messages in flight in a stream of `size`-byte messages: `--window`, or
+/// 64 for small messages and fewer for large ones, so that 16 MiB are in
+/// flight. (msgrate's default was 64 whatever the size: `--msg-size 2M` asked
+/// for 128 MiB of buffers, and failed after the other tests had run.)
+fn window_for(given: Option<usize>, size: usize) -> usize {
+    given
+        .unwrap_or_else(|| ((16usize << 20) / size.max(1)).clamp(2, 64))
+        .max(1)
+}
+
+/// Refuses, before anything runs, a stream whose buffers (a send and a
+/// receive buffer per message in flight, for bibw on each side) outgrow the
+/// registered memory of a side.
+fn check_windows(
+    tests: &[Test],
+    sizes_for: &dyn Fn(Test) -> Vec<usize>,
+    window: Option<usize>,
+) -> Result<(), String> {
+    for &test in tests.iter().filter(|&&t| t != Test::Latency) {
+        for size in sizes_for(test) {
+            let w = window_for(window, size);
+            let need = w.saturating_mul(size).saturating_mul(2);
+            if need > session::REGION {
+                let most = (session::REGION / 2 / size.max(1)).max(1);
+                return Err(format!(
+                    "{test:?} at {} B: {w} messages in flight need {} MiB of registered memory \
+                     a side, which has {} MiB: give --window {most} or less at this size",
+                    size,
+                    need >> 20,
+                    session::REGION >> 20
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 enum Skip {
     /// This transport cannot do this measurement (said once in the report).
     Not(String),
@@ -509,15 +562,7 @@ fn measure(
     args: &Args,
     pace: Pace,
 ) -> Result<Option<Sample>, Skip> {
-    let window = args
-        .window
-        .unwrap_or_else(|| ((16usize << 20) / size.max(1)).clamp(2, 64))
-        .max(1);
-    let window = if test == Test::Msgrate {
-        args.window.unwrap_or(64).max(1)
-    } else {
-        window
-    };
+    let window = window_for(args.window, size);
     if matches!(t, Transport::Udp | Transport::Tcp) {
         let proto = if t == Transport::Udp {
             kernel::Proto::Udp

@@ -35,7 +35,7 @@ const RAW_ETHERTYPE: u16 = 0x88B6;
 /// Raw frame header: Ethernet, then iteration and frame index.
 const RAW_HDR: usize = 14 + 8;
 /// Bytes of registered memory per side.
-const REGION: usize = 80 << 20;
+pub(crate) const REGION: usize = 80 << 20;
 const PINGER: Addr = Addr::new(1, 0);
 const ECHO: Addr = Addr::new(2, 0);
 /// The echo thread's own word for "stopped while it waited".

@@ -443,6 +443,26 @@ fn bad_options_name_the_fix() {
     let out = Command::new(BIN).args(["--once"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--role server"));
+    // A window whose buffers outgrow the registered memory is refused before
+    // anything runs (it failed at that test, after the others had run).
+    let out = Command::new(BIN)
+        .args([
+            "--test",
+            "latency,bandwidth",
+            "--window",
+            "64",
+            "--sizes",
+            "8M",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("give --window 5 or less"), "{err}");
+    assert!(
+        out.stdout.is_empty() && !err.contains("EAL"),
+        "measured first: {err}"
+    );
     // A plot that cannot be written ends the run before it measures, not
     // after (no table, no EAL started).
     let missing = std::env::temp_dir().join(format!("emx-bench-no-dir-{}", std::process::id()));
