@@ -427,6 +427,8 @@ pub struct Session {
     protocol: Option<Protocol>,
     /// The last latency measurement's lost round trips (see `take_lost`).
     lost: Option<u64>,
+    /// The last raw ping's number (see `next_raw_iter`).
+    raw_iter: u32,
     // Dropped last: the namespaces of a veth link go after the ports.
     link: Link,
     _eal: Eal,
@@ -876,6 +878,7 @@ impl Session {
             chans,
             protocol: None,
             lost: None,
+            raw_iter: 0,
             link,
             _eal: eal,
         })
@@ -1012,9 +1015,8 @@ impl Session {
                     .map(|i| raw_wire_len(raw_len(size, per, i)))
                     .sum();
                 self.command(Cmd::RawPong { size, per })?;
-                let mut iter = 0u32;
                 self.measure(pace, &mut hist, |s| {
-                    iter = iter.wrapping_add(1);
+                    let iter = s.next_raw_iter();
                     s.raw_ping(iter, size, frames, whole)
                 })?;
             }
@@ -1027,9 +1029,8 @@ impl Session {
                 frame[..14].copy_from_slice(&self.raw_hdr);
                 let (port, queue) = self.chans.raw_ids();
                 let pool = self.pool.clone();
-                let mut iter = 0u32;
-                self.measure(pace, &mut hist, |_| {
-                    iter = iter.wrapping_add(1);
+                self.measure(pace, &mut hist, |s| {
+                    let iter = s.next_raw_iter();
                     raw::ping(port, queue, &pool, &frame, iter)
                 })?;
             }
@@ -1137,6 +1138,15 @@ impl Session {
         self.lost = Some(n);
     }
 
+    /// The next raw ping's number: counted over the whole session, so that a
+    /// late frame of a ping given up in one measurement is not taken for one
+    /// of the next (each counted from 1, and a frame of another size failed
+    /// the run).
+    fn next_raw_iter(&mut self) -> u32 {
+        self.raw_iter = self.raw_iter.wrapping_add(1);
+        self.raw_iter
+    }
+
     /// One raw round trip of `frames` frames, `whole` bytes of them; `false`
     /// when a frame was lost.
     fn raw_ping(
@@ -1164,6 +1174,9 @@ impl Session {
                 if frame_iter(&m) == Some(iter) {
                     got += 1;
                     bytes += m.pkt_len();
+                    // Waiting counts from the last frame of the reply, not
+                    // from the ping: a long reply on a slow link is not lost.
+                    wait.reset();
                 }
             }
         }
