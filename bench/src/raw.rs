@@ -131,12 +131,36 @@ pub fn ping(
     }
 }
 
+/// EtherType of raw benchmark frames (emx uses 0x88B5).
+pub const RAW_ETHERTYPE: u16 = 0x88B6;
+
 /// Where a ping's number lies in its frame (behind the Ethernet header), and
 /// where it ends.
 const ITER_AT: usize = 14;
 const ITER_END: usize = ITER_AT + 4;
 
-/// The number a received frame carries, if its first segment holds one.
+/// Whether a received frame is a raw benchmark frame (its EtherType): on a
+/// veth the kernel's own frames (IPv6 neighbour discovery, say) come too.
+///
+/// # Safety
+/// `m` is a valid mbuf this thread holds.
+#[inline]
+unsafe fn ours(m: *mut sys::rte_mbuf) -> bool {
+    // SAFETY: (the caller's) `m` is valid; only bytes below data_len of its
+    // first segment are read.
+    unsafe {
+        let m = &*m;
+        if usize::from(m.data_len) < ITER_AT {
+            return false;
+        }
+        let d = (m.buf_addr as *const u8).add(usize::from(m.data_off) + 12);
+        std::ptr::read_unaligned(d as *const [u8; 2]) == RAW_ETHERTYPE.to_be_bytes()
+    }
+}
+
+/// The number a received frame carries, if it is a raw benchmark frame
+/// whose first segment holds one (a foreign frame's bytes there used to be
+/// taken for a pong's number).
 ///
 /// # Safety
 /// `m` is a valid mbuf this thread holds.
@@ -145,6 +169,9 @@ unsafe fn iter_of(m: *mut sys::rte_mbuf) -> Option<u32> {
     // SAFETY: (the caller's) `m` is valid; data_off + data_len lies within
     // its first segment's buffer, and only bytes below data_len are read.
     unsafe {
+        if !ours(m) {
+            return None;
+        }
         let m = &*m;
         if usize::from(m.data_len) < ITER_END {
             return None;
@@ -156,17 +183,28 @@ unsafe fn iter_of(m: *mut sys::rte_mbuf) -> Option<u32> {
     }
 }
 
-/// One step of the echo side: receive a burst and send every frame back to
-/// where it came from, its MAC addresses swapped (a NIC drops frames for
-/// another's address), dropping what the link would not take for
-/// [`STUCK_AFTER`].
+/// One step of the echo side: receive a burst and send every raw benchmark
+/// frame back to where it came from, its MAC addresses swapped (a NIC drops
+/// frames for another's address), dropping what the link would not take for
+/// [`STUCK_AFTER`]. Other frames (the kernel's, on a veth) are freed: they
+/// were echoed too.
 #[inline(never)]
 pub fn echo_step(port: u16, queue: u16) {
     // SAFETY: as in ping(); received mbufs are all handed back to the driver
     // or freed.
     unsafe {
         let mut bufs = [std::ptr::null_mut::<sys::rte_mbuf>(); 32];
-        let n = sys::rte_eth_rx_burst(port, queue, bufs.as_mut_ptr(), 32);
+        let got = sys::rte_eth_rx_burst(port, queue, bufs.as_mut_ptr(), 32);
+        let mut n = 0u16;
+        for i in 0..usize::from(got) {
+            let m = bufs[i];
+            if ours(m) {
+                bufs[usize::from(n)] = m;
+                n += 1;
+            } else {
+                sys::rte_pktmbuf_free(m);
+            }
+        }
         for &m in &bufs[..usize::from(n)] {
             // SAFETY: `m` was just received and is ours; only its first
             // segment's bytes below data_len are touched.

@@ -30,8 +30,7 @@ use crate::link::{End, Link, LinkKind, SideSpec, EMX_THREAD, RAW};
 use crate::raw::{self, Patience};
 use crate::report::{Arrivals, Protocol};
 
-/// EtherType of raw benchmark frames (emx uses 0x88B5).
-const RAW_ETHERTYPE: u16 = 0x88B6;
+use crate::raw::RAW_ETHERTYPE;
 /// Raw frame header: Ethernet, then iteration and frame index.
 const RAW_HDR: usize = 14 + 8;
 /// Bytes of registered memory per side.
