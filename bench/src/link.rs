@@ -212,7 +212,20 @@ impl Link {
                 ));
             }
             // A stale socket file from a killed run would refuse the bind.
-            let _ = std::fs::remove_file(socket);
+            // Only a socket: a file given as --socket by mistake is refused,
+            // not removed (as root, any file at that path went).
+            match std::fs::symlink_metadata(socket) {
+                Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+                    let _ = std::fs::remove_file(socket);
+                }
+                Ok(_) => {
+                    return Err(format!(
+                        "--socket {socket} is a file that is no socket: give the memif socket \
+                         another path"
+                    ))
+                }
+                Err(_) => {}
+            }
         } else {
             // The server may still be starting.
             let t = std::time::Instant::now();

@@ -518,6 +518,15 @@ fn a_second_memif_server_leaves_the_first_alone() {
     assert!(err.contains("a memif server already listens on"), "{err}");
     assert!(sock.exists(), "the first server's socket was removed");
     drop((unix, tcp));
+    // A file that is no socket, given as --socket by mistake, is refused and
+    // left (a server removed whatever was at the path).
+    let _ = std::fs::remove_file(&sock);
+    std::fs::write(&sock, "results").unwrap();
+    let out = second("127.0.0.1:0");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("is a file that is no socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&sock).unwrap(), "results");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
