@@ -638,9 +638,19 @@ fn measure(
             if t == Transport::Ffi {
                 return Err(Skip::Not("ffi measures latency only".into()));
             }
-            s.stream(t, size, window, test == Test::Bibw, args.send_buffers, pace)
-                .map(|f| Some(Sample::Flow(f)))
-                .map_err(Skip::Fail)
+            let f = s
+                .stream(t, size, window, test == Test::Bibw, args.send_buffers, pace)
+                .map_err(Skip::Fail)?;
+            // Everything in the first receive burst (which only starts the
+            // clock): no rate, rather than a rate of 0 (and no ratio).
+            if f.msgs == 0 || f.secs <= 0.0 {
+                return Err(Skip::Not(
+                    "everything arrived at once, too fast to time: give more --iters or \
+                     --time-ms"
+                        .into(),
+                ));
+            }
+            Ok(Some(Sample::Flow(f)))
         }
     }
 }
