@@ -90,11 +90,11 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     sizes: Vec<usize>,
     /// Largest message of the default sweeps (at most 8M).
-    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    #[arg(long, default_value = "8M", value_parser = parse_size, conflicts_with = "sizes")]
     max_size: usize,
     /// Latency sweep at powers of two only, without the NetPIPE points 3
     /// bytes either side of each.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sizes")]
     no_netpipe: bool,
     /// Message size of the msgrate test (default: the sizes of `--sizes`
     /// when given, else 8).
@@ -280,6 +280,9 @@ fn run(args: &Args) -> Result<(), String> {
         new
     });
     transports.sort_by_key(|t| *t != Transport::Raw);
+    if args.msg_size.is_some() && !tests.contains(&Test::Msgrate) {
+        return Err("--msg-size goes with --test msgrate (or sweep)".into());
+    }
     let max = args.max_size.min(8 << 20);
     // A size given twice is measured once: its rows would merge, with twice
     // the rounds the report says.
@@ -316,6 +319,12 @@ fn run(args: &Args) -> Result<(), String> {
     if let Some(path) = &args.plot {
         // Checked before the measurements, not after a minute of them.
         check_plot_path(path)?;
+    }
+    if let Some(t) = tests.iter().find(|&&t| sizes_for(t).is_empty()) {
+        return Err(format!(
+            "{t:?} has no sizes up to --max-size {max} (its sweep starts at 64 B): give a \
+             larger --max-size, or --sizes"
+        ));
     }
     check_windows(&tests, &sizes_for, args.window)?;
     // Before the session pins this thread to one core.

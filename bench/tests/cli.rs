@@ -443,6 +443,27 @@ fn bad_options_name_the_fix() {
     let out = Command::new(BIN).args(["--once"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--role server"));
+    // Options that would be ignored are refused.
+    for (args, says) in [
+        (&["--sizes", "8", "--max-size", "1K"][..], "--max-size"),
+        (
+            &["--test", "latency", "--msg-size", "8"][..],
+            "--msg-size goes with",
+        ),
+        (
+            &["--test", "bandwidth", "--max-size", "32"][..],
+            "has no sizes",
+        ),
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(
+            out.stdout.is_empty() && !err.contains("EAL"),
+            "measured first: {err}"
+        );
+    }
     // A window whose buffers outgrow the registered memory is refused before
     // anything runs (it failed at that test, after the others had run).
     let out = Command::new(BIN)
