@@ -428,7 +428,12 @@ fn run(args: &Args) -> Result<(), String> {
         }
     }
     bar.finish_and_clear();
-    let rows = col.rows();
+    let mut rows = col.rows();
+    for r in rows.iter_mut().filter(|r| {
+        r.test != Test::Latency && matches!(r.transport, Transport::Emx | Transport::EmxThread)
+    }) {
+        r.window = Some(window_for(args.window, r.size));
+    }
     let mut notes = Vec::new();
     let threaded = rows.iter().any(|r| r.transport == Transport::EmxThread);
     let placement = session.placement();
@@ -461,6 +466,11 @@ fn run(args: &Args) -> Result<(), String> {
         cpus,
         cores: placement,
         rounds: args.rounds,
+        pace: report::Paced {
+            warmup_ms: args.warmup_ms,
+            time_ms: args.time_ms,
+            iters: args.iters,
+        },
         send_buffers: args.send_buffers,
         rows,
         skipped,

@@ -191,6 +191,18 @@ pub struct Row {
     /// emx transports: protocol counters over the rounds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Protocol>,
+    /// emx streams: messages in flight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+}
+
+/// How long each measurement ran: its warm-up, its time, and the bound on
+/// its round trips or messages (`--iters`).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Paced {
+    pub warmup_ms: u64,
+    pub time_ms: u64,
+    pub iters: Option<u64>,
 }
 
 /// The whole run.
@@ -203,6 +215,8 @@ pub struct Report {
     /// Where the pinger, the echo and the polling thread ran.
     pub cores: Cores,
     pub rounds: u32,
+    /// Each measurement's pace.
+    pub pace: Paced,
     /// Where emx streams sent from.
     pub send_buffers: SendBuffers,
     pub rows: Vec<Row>,
@@ -268,6 +282,7 @@ impl Collector {
                 ratio_to_raw: None,
                 p99_ratio_to_raw: None,
                 protocol: self.protocol.get(&(test, size, tkey(t))).copied(),
+                window: None,
             };
             let hists: Vec<&Histogram<u64>> = samples
                 .iter()
@@ -887,6 +902,7 @@ mod tests {
                 retransmits: resent,
                 ..Protocol::default()
             }),
+            window: None,
         }
     }
 
@@ -1076,6 +1092,11 @@ mod tests {
             cpus: 2,
             cores: Cores::default_for(&[0, 1], &|_| None),
             rounds: 1,
+            pace: Paced {
+                warmup_ms: 0,
+                time_ms: 1,
+                iters: None,
+            },
             send_buffers: SendBuffers::Multiple,
             rows,
             skipped: vec![],

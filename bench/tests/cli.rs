@@ -194,6 +194,16 @@ fn bandwidth_json() {
     for t in ["raw", "emx", "emx-thread"] {
         assert_eq!(sizes_of(&rows, t), [64, 65_536], "{t}");
     }
+    // How it was measured: each emx stream's window (16 MiB in flight, at
+    // most 64: 64 at both sizes), and the pace.
+    for row in rows.iter().filter(|r| r["transport"] == "emx") {
+        assert_eq!(row["window"], 64, "{row}");
+    }
+    assert!(
+        r["pace"]["time_ms"].as_u64().is_some_and(|t| t > 0),
+        "{}",
+        r["pace"]
+    );
 }
 
 #[test]
