@@ -1474,8 +1474,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // The epoch rule is `handle_peer_frame`'s, silence clause included: a
             // restart whose epoch reads as earlier is taken after a silence
             // past the liveness deadline, from a frame that does not know ours.
-            let silent =
-                now.0.saturating_sub(peer.last_heard.0) > self.cfg.peer_timeout.as_nanos() as u64;
+            let silent = peer.silent_for(now, self.cfg.peer_timeout);
             let learn = peer.auto_mac
                 && h.src_mac.is_unicast()
                 && !peer.old_session(&h)
@@ -1548,8 +1547,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // know it, with an earlier epoch, is a late one from an incarnation
             // that is gone (a switch buffer, a replay): taking it would reset the
             // live session and deliver what it carries.
-            let silent =
-                now.0.saturating_sub(peer.last_heard.0) > self.cfg.peer_timeout.as_nanos() as u64;
+            let silent = peer.silent_for(now, self.cfg.peer_timeout);
             if !peer.dead
                 && peer.epoch != 0
                 && h.src_epoch != peer.epoch

@@ -175,6 +175,12 @@ impl Peer {
         }
     }
 
+    /// Whether nothing from it was taken for longer than `d` before `now`.
+    #[inline]
+    pub(crate) fn silent_for(&self, now: Time, d: Duration) -> bool {
+        now.0.saturating_sub(self.last_heard.0) > d.as_nanos() as u64
+    }
+
     /// Whether something waits on this peer, so that its silence matters.
     #[inline]
     pub(crate) fn monitored(&self) -> bool {
