@@ -779,8 +779,14 @@ impl Engine {
             cores.push(core);
         }
         let ring = cfg.ring.max(BURST);
+        // Only a polling thread's endpoints submit through the command ring:
+        // inline, a ring of `ring` slots (70 MB at the largest) went unused.
+        let cmds = match cfg.progress {
+            ProgressMode::Thread { .. } => ring,
+            ProgressMode::Inline => 1,
+        };
         let shared = Arc::new(Shared {
-            eps: (0..eps.len()).map(|_| EpShared::new(ring)).collect(),
+            eps: (0..eps.len()).map(|_| EpShared::new(cmds)).collect(),
             state: AtomicU8::new(RUNNING),
             drain_until: Mutex::new(None),
             poller: std::sync::OnceLock::new(),
