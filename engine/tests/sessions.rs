@@ -844,3 +844,70 @@ fn a_quiet_learnt_peer_is_probed_without_greeting_everyone() {
     assert_eq!(hellos, 0, "{hellos} HELLOs for {pings} probes");
     assert!(!sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
 }
+
+/// Both sides holding a stale epoch for the other (each moved its own on
+/// when it gave the other up, and learnt the other's from a frame that the
+/// other has since moved past) talk again within a few round trips. Each
+/// used to answer the other's HELLO, refused for its stale destination
+/// epoch, with a HELLO naming a stale one in turn: a HELLO each way every
+/// round trip, for as long as neither watched the other. The state is made
+/// here as it can come about: node 0 gives node 1 up and greets it again;
+/// node 1 gives node 0 up; then node 0's first HELLO, held in the network
+/// since the start, reaches node 1.
+#[test]
+fn two_stale_beliefs_do_not_greet_each_other_for_ever() {
+    use emx::wire::{flags, FrameType};
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    let now = sim.now();
+    // Node 0's first greeting (epoch 1, ours unknown), kept aside.
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 7, !0, vec![0; 8], 70)
+        .unwrap();
+    let first = take_frame(&mut sim, 0).expect("node 0's first HELLO");
+    let old_hello = craft(&first, |h| {
+        h.frame_type = FrameType::Hello;
+        h.flags = flags::CSUM_HEADER;
+        h.dst_epoch = 0;
+        h.payload_len = 0;
+    });
+    transfer(&mut sim, 1, 0, 8, 7);
+    // Node 0 gives node 1 up (its epoch for it moves on), then greets it
+    // again: node 1 takes that for a restart, and both talk.
+    node_0_gives_node_1_up(&mut sim);
+    sim.set_blocked(1, 0, false);
+    let now = sim.now();
+    assert!(sim.core(0).reconnect(now, PeerId(0)));
+    transfer(&mut sim, 0, 1, 8, 8);
+    // Node 1 gives node 0 up (its epoch for it moves on).
+    let now = sim.now();
+    sim.core(1)
+        .post_recv(now, Some(addr(0)), 9, !0, vec![0; 8], 90)
+        .unwrap();
+    sim.set_blocked(0, 1, true);
+    sim.run_until(now + Duration::from_secs(1), |sim| {
+        drain(sim);
+        sim.core_ref(1).peer_info(PeerId(0)).unwrap().dead
+    });
+    assert!(sim.core_ref(1).peer_info(PeerId(0)).unwrap().dead);
+    drain(&mut sim);
+    // The held greeting reaches node 1, which takes node 0 back with that
+    // stale epoch; node 0 still takes node 1 for the one it knew.
+    let now = sim.now();
+    let _ = sim.core(1).handle_frame(now, &old_hello);
+    sim.set_blocked(0, 1, false);
+    let hellos = |sim: &TestSim| -> u64 {
+        (0..2)
+            .map(|i| sim.core_ref(i).peer_stats(PeerId(0)).unwrap().hellos_sent)
+            .sum()
+    };
+    let before = hellos(&sim);
+    sim.run_until(now + Duration::from_millis(20), |sim| {
+        drain(sim);
+        false
+    });
+    let greeted = hellos(&sim) - before;
+    assert!(greeted <= 6, "{greeted} HELLOs in 20 ms");
+    transfer(&mut sim, 0, 1, 8, 10);
+    transfer(&mut sim, 1, 0, 8, 11);
+}

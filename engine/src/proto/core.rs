@@ -1533,6 +1533,15 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             if h.dst_epoch != 0 && h.dst_epoch != peer.my_epoch {
                 // Meant for an earlier session of ours: tell the peer who we are.
                 peer.hello_now = true;
+                // From an epoch other than the one we know for it: ours for
+                // it is likely stale too, and a HELLO naming it would be
+                // refused in turn, each side answering the other's refusal
+                // with another, a HELLO each way every round trip. Answer
+                // naming none, asking for an answer: it is taken as a
+                // greeting, and both learn the other's epoch.
+                if h.src_epoch != peer.epoch {
+                    peer.hello_blind = true;
+                }
                 return Err(DropReason::StaleEpoch);
             }
         }
@@ -2228,6 +2237,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         if ping || (ft == FrameType::Hello && (peer.epoch == 0 || !peer.credit_known)) {
             h.flags |= flags::ACK_REQ;
         }
+        if ft == FrameType::Hello && peer.hello_blind {
+            h.dst_epoch = 0;
+            h.flags |= flags::ACK_REQ;
+            self.peers[p as usize].hello_blind = false;
+        }
+        let peer = &self.peers[p as usize];
         if ft == FrameType::Hello && peer.greet_all {
             // The learnt address may be stale (the peer came back elsewhere).
             h.dst_mac = MacAddr::BROADCAST;

@@ -106,6 +106,9 @@ pub(crate) struct Peer {
     pub(crate) last_probe: Time,
     pub(crate) involved: u32,
     pub(crate) hello_now: bool,
+    /// The HELLO owed names no epoch of the peer's (dst 0) and asks for an
+    /// answer: ours for it is stale (see `handle_peer_frame`).
+    pub(crate) hello_blind: bool,
     pub(crate) ping_now: bool,
     pub(crate) in_ready: bool,
     /// In `Core::starved_peers`: it had a frame to send and the table none.
@@ -166,6 +169,7 @@ impl Peer {
             last_probe: Time::ZERO,
             involved: 0,
             hello_now: false,
+            hello_blind: false,
             ping_now: false,
             in_ready: false,
             frame_starved: false,
