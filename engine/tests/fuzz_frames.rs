@@ -1,8 +1,8 @@
 //! Fuzzing that runs in CI: the frame parser on arbitrary bytes, header round trips, and
 //! arbitrary frame sequences (garbage and well-formed frames with arbitrary fields and
-//! good checksums) fed into live cores, with restarts of the peer among them. Nothing may
-//! panic, every drop is counted, the unexpected store stays bounded, and the cores can still
-//! talk afterwards.
+//! good checksums) fed into live cores, with restarts of the peer and its own frames held
+//! back and replayed late among them. Nothing may panic, every drop is counted, the
+//! unexpected store stays bounded, and the cores can still talk afterwards.
 
 mod common;
 
@@ -110,6 +110,10 @@ enum Op {
     /// Core 0 restarts with this epoch (later, earlier or the same as before:
     /// epochs are serial numbers, and a clock may step back).
     Restart(u32),
+    /// Core 0's next frame is held back (a switch buffer) instead of sent.
+    Hold,
+    /// A held frame (this index, modulo how many) reaches core 1, late.
+    Replay(usize),
 }
 
 /// Emits `h` as a PACK of `records`, with a good checksum over them.
@@ -139,6 +143,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(h, r)| Op::Pack(h, r)),
         1 => (0u64..5_000).prop_map(Op::Wait),
         1 => prop_oneof![Just(1u32), Just(2), Just(0x8000_0001), 1u32..].prop_map(Op::Restart),
+        1 => Just(Op::Hold),
+        1 => (0usize..8).prop_map(Op::Replay),
     ]
 }
 
@@ -194,6 +200,7 @@ proptest! {
         let mut count = 0u64;
         let mut hdr = [0u8; 128];
         let mut used = std::collections::BTreeSet::from([1u32]);
+        let mut held: Vec<Vec<u8>> = Vec::new();
         for op in ops {
             let now = sim.now();
             match op {
@@ -210,6 +217,17 @@ proptest! {
                 Op::Wait(us) => {
                     let t = now + Duration::from_micros(us);
                     sim.run_until(t, |_| false);
+                }
+                Op::Hold => {
+                    if let Some(f) = take_frame(&mut sim, 0) {
+                        held.push(f);
+                    }
+                }
+                Op::Replay(i) => {
+                    if !held.is_empty() {
+                        let f = held[i % held.len()].clone();
+                        let _ = sim.core(1).handle_frame(now, &f);
+                    }
                 }
                 Op::Restart(epoch) => {
                     // Never an epoch it had before: a restart must change it
