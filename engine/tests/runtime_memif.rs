@@ -187,6 +187,53 @@ impl Rig {
     }
 }
 
+/// Node 1 on `pa` over a [`LazyFree`] link (jammed while `jam` is up) and
+/// node 2 on `pb`, with the region for, and a 16,000-byte registered buffer
+/// of 7s: what node 1 sends.
+fn lazy_pair(
+    rig: &Rig,
+    jam: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Driver<LazyFree>, Driver<DpdkIo>, ExtMem, dpdk_ffi::ExtBuf) {
+    let io_a = LazyFree {
+        inner: DpdkIo::new(&rig.pa, 0, &rig.pool_a).unwrap(),
+        built: Default::default(),
+        held: Vec::new(),
+        jam,
+    };
+    let io_b = DpdkIo::new(&rig.pb, 0, &rig.pool_b).unwrap();
+    let a = Driver::new(rig.core(io_a.mac(), 1, &rig.pb, 2), io_a);
+    let b = Driver::new(rig.core(io_b.mac(), 2, &rig.pa, 1), io_b);
+    let region = ExtMem::new(&rig.eal, 1 << 20).unwrap();
+    let mut x = region.alloc(LAZY_LEN, 64).unwrap();
+    x.as_mut_slice().unwrap().fill(7);
+    (a, b, region, x)
+}
+
+/// The length of [`lazy_pair`]'s buffer.
+const LAZY_LEN: usize = 16_000;
+
+/// Node 2 posts a receive for tag 1 from node 1, and node 1 sends `x` there.
+fn post_and_send(
+    a: &mut Driver<LazyFree>,
+    b: &mut Driver<DpdkIo>,
+    clock: &Clock,
+    x: dpdk_ffi::ExtBuf,
+) {
+    b.core()
+        .post_recv(
+            clock.now(),
+            Some(Addr::new(1, 0)),
+            1,
+            u64::MAX,
+            RecvBuf::Owned(vec![0; LAZY_LEN]),
+            0,
+        )
+        .unwrap();
+    a.core()
+        .send(clock.now(), Addr::new(2, 0), 1, SendBuf::Registered(x), 0)
+        .unwrap();
+}
+
 /// A data room for a 9018-byte frame and the headroom.
 const JUMBO_ROOM: u16 = 9216;
 
@@ -379,42 +426,9 @@ impl PacketIo for LazyFree {
 #[test]
 fn a_registered_send_comes_back_writable_from_a_lazy_link() {
     let rig = Rig::new("lazy", 2047, 32);
-    let Rig {
-        eal,
-        pool_a,
-        pool_b,
-        pa,
-        pb,
-        clock,
-        ..
-    } = &rig;
-    let core = |io_mac, node, peer: &Port, peer_node| rig.core(io_mac, node, peer, peer_node);
-    let io_a = LazyFree {
-        inner: DpdkIo::new(pa, 0, pool_a).unwrap(),
-        built: Default::default(),
-        held: Vec::new(),
-        jam: Default::default(),
-    };
-    let io_b = DpdkIo::new(pb, 0, pool_b).unwrap();
-    let mut a = Driver::new(core(io_a.mac(), 1, pb, 2), io_a);
-    let mut b = Driver::new(core(io_b.mac(), 2, pa, 1), io_b);
-    let region = ExtMem::new(eal, 1 << 20).unwrap();
-    let len = 16_000;
-    let mut x = region.alloc(len, 64).unwrap();
-    x.as_mut_slice().unwrap().fill(7);
-    b.core()
-        .post_recv(
-            clock.now(),
-            Some(Addr::new(1, 0)),
-            1,
-            u64::MAX,
-            RecvBuf::Owned(vec![0; len]),
-            0,
-        )
-        .unwrap();
-    a.core()
-        .send(clock.now(), Addr::new(2, 0), 1, SendBuf::Registered(x), 0)
-        .unwrap();
+    let clock = &rig.clock;
+    let (mut a, mut b, _region, x) = lazy_pair(&rig, Default::default());
+    post_and_send(&mut a, &mut b, clock, x);
     let mut back = None;
     let deadline = Instant::now() + Duration::from_secs(10);
     while back.is_none() {
@@ -449,30 +463,9 @@ fn a_registered_send_comes_back_writable_from_a_lazy_link() {
 fn a_registered_send_comes_back_writable_after_a_held_back_retransmission() {
     use std::sync::atomic::Ordering;
     let rig = Rig::new("jam", 2047, 32);
-    let Rig {
-        eal,
-        pool_a,
-        pool_b,
-        pa,
-        pb,
-        clock,
-        ..
-    } = &rig;
-    let core = |io_mac, node, peer: &Port, peer_node| rig.core(io_mac, node, peer, peer_node);
+    let clock = &rig.clock;
     let jam = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let io_a = LazyFree {
-        inner: DpdkIo::new(pa, 0, pool_a).unwrap(),
-        built: Default::default(),
-        held: Vec::new(),
-        jam: jam.clone(),
-    };
-    let io_b = DpdkIo::new(pb, 0, pool_b).unwrap();
-    let mut a = Driver::new(core(io_a.mac(), 1, pb, 2), io_a);
-    let mut b = Driver::new(core(io_b.mac(), 2, pa, 1), io_b);
-    let region = ExtMem::new(eal, 1 << 20).unwrap();
-    let len = 16_000;
-    let mut x = region.alloc(len, 64).unwrap();
-    x.as_mut_slice().unwrap().fill(7);
+    let (mut a, mut b, _region, x) = lazy_pair(&rig, jam.clone());
     // A's time runs ahead of the clock by `skew` (past its retransmission
     // timeout), so that its frames go out again while the link is jammed.
     let mut skew = Duration::ZERO;
@@ -507,19 +500,7 @@ fn a_registered_send_comes_back_writable_after_a_held_back_retransmission() {
         });
         b.progress(clock.now(), |_| {});
     }
-    b.core()
-        .post_recv(
-            clock.now(),
-            Some(Addr::new(1, 0)),
-            1,
-            u64::MAX,
-            RecvBuf::Owned(vec![0; len]),
-            0,
-        )
-        .unwrap();
-    a.core()
-        .send(clock.now(), Addr::new(2, 0), 1, SendBuf::Registered(x), 0)
-        .unwrap();
+    post_and_send(&mut a, &mut b, clock, x);
     // Sent once, not yet taken by B.
     for _ in 0..4 {
         poll_a(&mut a, skew, &mut back);
