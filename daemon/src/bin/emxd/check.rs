@@ -531,15 +531,7 @@ mod tests {
         let peer = Addr::new(2, 0);
         let mut replies = Vec::new();
         for _ in 0..300 {
-            let (tx, rx) = std::sync::mpsc::channel();
-            checks.start(
-                vec![(peer, None, usize::MAX)],
-                &[1000],
-                1 << 20,
-                Vec::new(),
-                tx,
-                left(),
-            );
+            let rx = start_one(&mut checks, peer, left());
             replies.push(rx);
         }
         assert_eq!(checks.runs.len(), MAX_RUNS);
@@ -562,6 +554,25 @@ mod tests {
         Arc::new(AtomicBool::new(false))
     }
 
+    /// Starts a check of 1000 B off `peer` whose client's flag is `gone`;
+    /// the receiver of its answer.
+    fn start_one(
+        checks: &mut Checks,
+        peer: Addr,
+        gone: Arc<AtomicBool>,
+    ) -> std::sync::mpsc::Receiver<String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        checks.start(
+            vec![(peer, None, usize::MAX)],
+            &[1000],
+            1 << 20,
+            Vec::new(),
+            tx,
+            gone,
+        );
+        rx
+    }
+
     /// A run whose client went away sends nothing more and ends, unanswered,
     /// once its message in flight is done, and makes room for another: runs
     /// do not pile up behind clients that were interrupted, nor do their
@@ -573,15 +584,7 @@ mod tests {
         let flags: Vec<_> = (0..MAX_RUNS).map(|_| left()).collect();
         let mut replies = Vec::new();
         for f in &flags {
-            let (tx, rx) = std::sync::mpsc::channel();
-            checks.start(
-                vec![(peer, None, usize::MAX)],
-                &[1000],
-                1 << 20,
-                Vec::new(),
-                tx,
-                f.clone(),
-            );
+            let rx = start_one(&mut checks, peer, f.clone());
             replies.push(rx);
         }
         assert!(!checks.stop_abandoned());
@@ -606,15 +609,7 @@ mod tests {
         assert!(checks.end_finished());
         assert_eq!(checks.runs.len(), MAX_RUNS - 1);
         assert!(replies[3].try_recv().is_err(), "nobody to answer");
-        let (tx, rx) = std::sync::mpsc::channel();
-        checks.start(
-            vec![(peer, None, usize::MAX)],
-            &[1000],
-            1 << 20,
-            Vec::new(),
-            tx,
-            left(),
-        );
+        let rx = start_one(&mut checks, peer, left());
         assert!(rx.try_recv().is_err(), "a new run is taken, not refused");
         assert_eq!(checks.runs.len(), MAX_RUNS);
     }
