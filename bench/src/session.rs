@@ -160,7 +160,10 @@ fn ticks(us: u64, hz: f64) -> u64 {
 /// gaps, so the arrival that starts the clock is timed, not counted. The
 /// clock starts at the first arrival once the warm-up is over (`warmup`
 /// after the very first), or at the very first when the stream ended within
-/// its warm-up (a stream cut short by `--iters`).
+/// its warm-up or so soon after it that what came later is under a quarter
+/// of the arrivals (a stream cut short by `--iters`, or slowed down by a
+/// busy machine): a burst or two after the warm-up times nothing, and of a
+/// raw stream may not even hold one message's frames.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Tally {
     /// Everything that arrived, warm-up included (a drain waits for it all),
@@ -221,7 +224,7 @@ impl Tally {
     /// What is measured: bytes and messages after the clock started, and the
     /// TSC of its start and of the last arrival.
     pub(crate) fn measured(&self) -> (Stream, u64, u64) {
-        let s = if self.warm.msgs > 0 {
+        let s = if self.warm.msgs > 0 && self.warm.msgs.saturating_mul(4) >= self.all.msgs {
             &self.warm
         } else {
             &self.all
@@ -2183,5 +2186,26 @@ mod tests {
         // Nothing arrived: nothing measured, no span.
         let (m, first, last) = Tally::default().measured();
         assert_eq!((m.bytes, m.msgs, first, last), (0, 0, 0, 0));
+    }
+
+    /// A stream that ended just after its warm-up is measured whole too: the
+    /// one burst after it would time nothing (a raw stream of 100 KiB
+    /// messages in 32-frame bursts held no message there, and was not
+    /// measured at all).
+    #[test]
+    fn a_stream_that_ended_just_after_its_warm_up_is_measured_whole() {
+        let mut t = Tally::default();
+        for at in [0, 10, 20, 30, 40, 50, 60] {
+            t.note(at, 32, 32 * 1_500, 45);
+        }
+        let (m, first, last) = t.measured();
+        assert_eq!((m.msgs, first, last), (6 * 32, 0, 60));
+        // A quarter after the warm-up is measured.
+        let mut t = Tally::default();
+        for at in [0, 10, 20, 30, 40, 50, 60] {
+            t.note(at, 32, 32 * 1_500, 35);
+        }
+        let (m, first, last) = t.measured();
+        assert_eq!((m.msgs, first, last), (64, 40, 60));
     }
 }
