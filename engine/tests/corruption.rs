@@ -71,6 +71,10 @@ fn bad_frames_are_counted_and_change_nothing() {
     for n in 0..good.len() {
         bad.push((good[..n].to_vec(), Some(DropReason::Truncated)));
     }
+    // Another protocol's frame, shorter than an emx header: not damage.
+    let mut arp = good[..60].to_vec();
+    arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    bad.push((arp, Some(DropReason::EtherType)));
     for bit in 0..good.len() * 8 {
         let mut f = good.clone();
         f[bit / 8] ^= 1 << (bit % 8);

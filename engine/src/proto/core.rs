@@ -1429,6 +1429,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let f = match Frame::new_checked(frame) {
             Ok(f) => f,
             Err(r) => {
+                // Another protocol's short frame (a 60-byte ARP) is not a
+                // truncated emx frame: the truncated count is for damage.
+                let r = match frame.get(12..14) {
+                    Some(t) if *t != self.cfg.ethertype.to_be_bytes() => DropReason::EtherType,
+                    _ => r,
+                };
                 self.stats.dropped.count(r);
                 return Err(r);
             }
