@@ -26,7 +26,8 @@
 //! 48 u64 match bits
 //! 56 u64 message length (for PULL: the length of the pulled block)
 //! 64 u64 fragment offset (for PULL: the offset of the pulled block)
-//! 72 u32 checksum (CRC-32C of bytes 14..72, then the payload in full mode; see the flags)
+//! 72 u32 checksum (CRC-32C of the Ethernet source MAC and EtherType and header bytes
+//!     0..72, then the payload in full mode; see the flags)
 //! 76 payload (payload length bytes, EAGER, PULL_DATA and PACK only), then Ethernet padding
 //! ```
 //!
@@ -71,8 +72,8 @@ pub const FRAME_HEADER_LEN: usize = ETH_HEADER_LEN + EMX_HEADER_LEN;
 /// The emx EtherType by default (IEEE 802 local experimental EtherType 1).
 pub const DEFAULT_ETHERTYPE: u16 = 0x88B5;
 /// The only header version this crate speaks (2: frames name their fragment unit;
-/// 3: the checksum is CRC-32C).
-pub const VERSION: u8 = 3;
+/// 3: the checksum is CRC-32C; 4: it covers the source MAC and EtherType too).
+pub const VERSION: u8 = 4;
 /// The smallest fragment unit a frame may name: the payload of the smallest MTU taken.
 pub const MIN_FRAG_UNIT: u16 = 64;
 /// Largest message length the header may announce (1 TiB); anything larger is a lie.
@@ -111,6 +112,15 @@ mod field {
     pub const CHECKSUM: Range<usize> = B + 72..B + 76;
     pub const PAYLOAD: usize = B + 76;
 }
+
+/// What the header checksum covers: the source MAC and the EtherType as well
+/// as the emx header, because a core takes the peer's address from the source
+/// MAC (and learns it, for a peer added without one), and a link without a
+/// frame check sequence (memif, a fault injector) would otherwise hand it a
+/// damaged one. Ten 8-byte words. The destination MAC is the link's business:
+/// a frame that reaches the wrong endpoint is refused by the header's node and
+/// endpoint, which are covered.
+const CHECKSUMMED: core::ops::Range<usize> = field::ETH_SRC.start..field::CHECKSUM.start;
 
 /// A 48-bit Ethernet MAC address.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -403,7 +413,7 @@ fn be64(b: &[u8], r: core::ops::Range<usize>) -> u64 {
 
 /// The frame checksum: CRC-32C (Castagnoli), with the CPU's CRC instruction
 /// where it has one. It catches every error of up to three bits and every
-/// burst of up to 32 bits in a frame, wherever they fall; the sums it
+/// burst of up to 32 bits in what it covers, wherever they fall; the sums it
 /// replaced (a Fletcher-style pair over 64-bit words, wrapping at 2^64) let
 /// the top bits of two words changed in opposite directions cancel, and the
 /// same lane stuck in every word of some lengths. Feed the header first,
@@ -570,7 +580,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
     pub fn compute_checksum(&self) -> u32 {
         let b = self.buffer.as_ref();
         let mut c = Checksum::new();
-        c.add(&b[field::VERSION..field::CHECKSUM.start]);
+        c.add(&b[CHECKSUMMED]);
         if self.flags() & flags::CSUM_PAYLOAD != 0 {
             c.add(self.payload());
         }
@@ -585,7 +595,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
     pub fn fill_checksum(&mut self, payload: &[u8]) {
         let b = self.buffer.as_mut();
         let mut c = Checksum::new();
-        c.add(&b[field::VERSION..field::CHECKSUM.start]);
+        c.add(&b[CHECKSUMMED]);
         if b[field::FLAGS] & flags::CSUM_PAYLOAD != 0 {
             c.add(payload);
         }
@@ -942,7 +952,9 @@ mod tests {
     #[test]
     fn every_single_bit_flip_is_caught() {
         let v = build(&sample(), b"hello");
-        for i in ETH_HEADER_LEN * 8..v.len() * 8 {
+        // From the source MAC on: a core learns a peer's address from it
+        // (the destination's is the link's business: see CHECKSUMMED).
+        for i in field::ETH_SRC.start * 8..v.len() * 8 {
             let mut w = v.clone();
             w[i / 8] ^= 1 << (i % 8);
             let r =
@@ -1027,7 +1039,7 @@ mod tests {
     #[test]
     fn every_two_bit_error_is_caught() {
         let v = full_frame();
-        let bits = ETH_HEADER_LEN * 8..v.len() * 8;
+        let bits = field::ETH_SRC.start * 8..v.len() * 8;
         for i in bits.clone() {
             for j in bits.clone().filter(|&j| j > i) {
                 let mut w = v.clone();
