@@ -93,6 +93,27 @@ fn mem_pair_delivers_in_order_and_pushes_back() {
     assert_eq!(inb.iter().map(seq).collect::<Vec<_>>(), vec![99]);
 }
 
+/// A frame larger than the receiving port's MTU does not reach it, as a NIC
+/// drops it: a sender with a larger MTU cannot pass it in tests only.
+#[test]
+fn a_frame_past_the_receivers_mtu_is_dropped() {
+    let net = MemNetwork::new(16);
+    let (mut big, mut small) = (
+        net.port([2, 0, 0, 0, 0, 1], 9000),
+        net.port([2, 0, 0, 0, 0, 2], 1500),
+    );
+    let mut out = vec![
+        frame(&mut big, small.mac(), 1, 2000),
+        frame(&mut big, small.mac(), 2, 1500 - 18),
+        frame(&mut big, [0xff; 6], 3, 2000),
+    ];
+    assert_eq!(big.send(&mut out), 3, "taken, and lost on the way");
+    assert_eq!(big.dropped(), 2);
+    let mut inb = Vec::with_capacity(8);
+    small.recv(&mut inb, 8);
+    assert_eq!(inb.iter().map(seq).collect::<Vec<_>>(), vec![2]);
+}
+
 #[test]
 fn fault_drop_rate_is_seeded_and_adjustable() {
     let run = |seed| {

@@ -32,8 +32,29 @@ impl Frame for MemFrame {
 }
 
 struct Switch {
-    ports: RwLock<Vec<(Mac, Arc<ArrayQueue<MemFrame>>)>>,
+    ports: RwLock<Vec<Station>>,
     depth: usize,
+}
+
+/// A port as the switch sees it.
+struct Station {
+    mac: Mac,
+    /// The largest frame the port takes: a larger one is dropped on the way
+    /// to it, as a NIC drops a frame past its MTU.
+    max_frame: usize,
+    rx: Arc<ArrayQueue<MemFrame>>,
+}
+
+impl Station {
+    /// Queues `f` for this port; false when its queue is full. A frame too
+    /// large for the port is taken and lost (`dropped`).
+    fn take(&self, f: &MemFrame, dropped: &mut u64) -> bool {
+        if f.0.len() > self.max_frame {
+            *dropped += 1;
+            return true;
+        }
+        self.rx.push(f.clone()).is_ok()
+    }
 }
 
 /// The switch. Clones share it.
@@ -49,18 +70,24 @@ impl MemNetwork {
         }))
     }
 
-    /// Adds a port with this MAC and MTU.
+    /// Adds a port with this MAC and MTU. Frames larger than its MTU allows
+    /// do not reach it.
     pub fn port(&self, mac: Mac, mtu: usize) -> MemIo {
         let rx = Arc::new(ArrayQueue::new(self.0.depth));
+        let max_frame = mtu + 14;
         self.0
             .ports
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .push((mac, rx.clone()));
+            .push(Station {
+                mac,
+                max_frame,
+                rx: rx.clone(),
+            });
         MemIo {
             net: self.clone(),
             mac,
-            max_frame: mtu + 14,
+            max_frame,
             rx,
             stats: IoStats::default(),
             dropped: 0,
@@ -97,13 +124,14 @@ impl Drop for MemIo {
             .ports
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|(_, q)| !Arc::ptr_eq(q, &self.rx));
+            .retain(|s| !Arc::ptr_eq(&s.rx, &self.rx));
     }
 }
 
 impl MemIo {
-    /// Frames this port sent that no port could take (unknown MAC, or a full
-    /// queue on the way to a broadcast's other receivers).
+    /// Frames this port sent that no port could take (unknown MAC, larger
+    /// than the receiving port's MTU, or a full queue on the way to a
+    /// broadcast's other receivers).
     pub fn dropped(&self) -> u64 {
         self.dropped
     }
@@ -134,15 +162,15 @@ impl PacketIo for MemIo {
                     .and_then(|d| d.try_into().ok())
                     .unwrap_or([0; 6]);
             if dst == [0xff; 6] {
-                for (_, q) in ports.iter().filter(|(m, _)| *m != self.mac) {
-                    if q.push(f.clone()).is_err() {
+                for s in ports.iter().filter(|s| s.mac != self.mac) {
+                    if !s.take(f, &mut self.dropped) {
                         self.dropped += 1;
                     }
                 }
-            } else if let Some((_, q)) = ports.iter().find(|(m, _)| *m == dst) {
+            } else if let Some(s) = ports.iter().find(|s| s.mac == dst) {
                 // Full (other senders may fill it too): back-pressure, as a
                 // NIC queue gives. The frame stays for a later call.
-                if q.push(f.clone()).is_err() {
+                if !s.take(f, &mut self.dropped) {
                     self.stats.tx_full += 1;
                     break;
                 }
