@@ -236,6 +236,7 @@ impl<L: PacketIo> Driver<L> {
         let room = (FRAME_HEADER_LEN + payload.unwrap_or(0))
             .min(io.max_frame())
             .max(FRAME_HEADER_LEN);
+        let linear = io.max_frame();
         Driver {
             room,
             cores,
@@ -245,7 +246,9 @@ impl<L: PacketIo> Driver<L> {
             rx: Vec::with_capacity(BURST),
             tx: Vec::with_capacity(TX_BACKLOG + BURST),
             spare: None,
-            linear: Vec::new(),
+            // A chained frame is copied here: its room is taken now, not in
+            // the poll loop when the first one arrives.
+            linear: Vec::with_capacity(linear),
             lent: Vec::with_capacity(BURST),
             spent: Vec::with_capacity(BURST),
             build_failures: 0,
