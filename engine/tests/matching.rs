@@ -422,6 +422,50 @@ fn a_sender_stalled_on_credit_backs_off_its_probes() {
     });
 }
 
+/// The persist probes' backoff is theirs alone: a PULL sent to the peer a
+/// sender is stalled on, and lost, goes again after about one timeout, not
+/// after `rto_max` (100 ms), to which the probes had backed the timer off.
+#[test]
+fn a_lost_pull_to_a_peer_stalled_on_credit_goes_again_soon() {
+    const N: u64 = 40;
+    const LEN: usize = 4000;
+    const BIG: usize = 64 * 1024;
+    let cfg = small_credit();
+    let mut sim = make_sim(2, near_link(), &cfg);
+    let now = sim.now();
+    for i in 0..N {
+        sim.core(0)
+            .send(now, addr(1), i, pattern(i, LEN), i)
+            .unwrap();
+    }
+    // Stalled, and probing less and less often.
+    sim.run_until(now + Duration::from_millis(100), |_| false);
+    // The other way, a rendezvous message whose first PULL is lost.
+    let now = sim.now();
+    sim.core(1)
+        .send(now, addr(0), 1 << 40, pattern(1, BIG), 1 << 40)
+        .unwrap();
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 1 << 40, !0, vec![0; BIG], 1 << 40)
+        .unwrap();
+    sim.set_blocked(0, 1, true);
+    sim.run_until(now + Duration::from_micros(50), |_| false);
+    sim.set_blocked(0, 1, false);
+    let got = sim.run_until(now + Duration::from_millis(20), |sim| {
+        drain(sim).iter().any(|(i, c)| {
+            *i == 0 && matches!(c, Completion::Recv(r) if r.ctx == 1 << 40 && r.result.is_ok())
+        })
+    });
+    assert!(
+        got,
+        "the message came {:?} after it was sent",
+        sim.now() - now
+    );
+    let c = sim.core_ref(0);
+    let st = c.peer_stats(c.peer_id(addr(1)).unwrap()).unwrap();
+    assert!(st.retransmits > 0, "the PULL was lost: {st:?}");
+}
+
 /// A whole message that arrives unexpected is matched at once (queued for the
 /// receive to come) and kept out of the id map: a frame that repeats its id
 /// is refused as the one after a matched message always was, and the message

@@ -1968,6 +1968,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 peer.snd_next = peer.snd_next.wrapping_add(1);
                 if peer.inflight.is_empty() {
                     peer.progress_at = now;
+                    // Its timer starts from the estimate: with nothing in
+                    // flight, any backoff is that of persist probes or
+                    // HELLOs, which lost nothing of ours (a lone PULL to a
+                    // peer we are stalled on waited `rto_max` once lost).
+                    peer.rtt.reset_backoff();
                 }
                 peer.window_stalled = false;
                 self.frame_links.push_back(&mut peer.inflight, i);
