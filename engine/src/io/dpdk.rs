@@ -178,7 +178,8 @@ impl PacketIo for DpdkIo {
         // segment ever needs trimming here.
         let excess = frame.pkt_len().saturating_sub(len);
         if excess > 0 {
-            let _ = frame.trim(excess);
+            let r = frame.trim(excess);
+            debug_assert!(r.is_ok(), "truncate past the last segment: {r:?}");
         }
     }
 

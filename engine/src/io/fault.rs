@@ -3,9 +3,10 @@
 //!
 //! Faults apply to frames on their way in (each end that is wrapped sees a
 //! lossy inbound link); wrap both ends to make both directions lossy. Frames
-//! held back (delay, reordering) wait in a bounded queue: when it is full,
-//! the one held longest leaves early (or is dropped, and counted, when the
-//! receive has no room for it) rather than memory growing.
+//! held back (delay, reordering) wait in a bounded queue, in the order they
+//! are due: when it is full, the one due soonest leaves early (or is dropped,
+//! and counted, when the receive has no room for it) rather than memory
+//! growing.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -121,7 +122,8 @@ pub struct Faulty<L: PacketIo> {
 
 impl<L: PacketIo> Faulty<L> {
     /// Wraps `inner` with the faults of `cfg`, drawn from a generator seeded
-    /// with `seed` (the same seed and traffic give the same faults).
+    /// with `seed` (the same seed and traffic give the same faults; when
+    /// held frames come out depends on the clock too).
     pub fn new(inner: L, cfg: FaultConfig, seed: u64) -> Faulty<L> {
         let handle = FaultHandle(Arc::new(Shared::default()));
         handle.set(cfg);
@@ -170,7 +172,7 @@ impl<L: PacketIo> Faulty<L> {
     }
 
     /// Holds `frame` until `at`. The queue is bounded: when full, the frame
-    /// held longest leaves early, into `out` while it has `room`, or is
+    /// due soonest leaves early, into `out` while it has `room`, or is
     /// dropped (and counted) when it has none, so that nothing overtakes
     /// held frames uncounted and nothing vanishes unseen.
     fn hold(&mut self, at: Instant, frame: L::Frame, out: &mut Vec<L::Frame>, room: bool) {

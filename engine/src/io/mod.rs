@@ -372,7 +372,9 @@ pub trait PacketIo {
     /// place) and returns them.
     fn put<'f>(&mut self, frame: &'f mut Self::Frame, len: usize) -> Result<&'f mut [u8], IoError>;
 
-    /// Shortens the frame to `len` bytes (no-op when it is not longer).
+    /// Shortens the frame to `len` bytes (no-op when it is not longer). Only
+    /// bytes of its last segment may go: call it before [`attach`](Self::attach)
+    /// chains a payload behind the header.
     fn truncate(&mut self, frame: &mut Self::Frame, len: usize);
 
     /// Appends a payload to the frame: attached with no copy where the link

@@ -130,7 +130,9 @@ pub struct SendDone<S> {
     pub ctx: u64,
     /// The buffer, handed back.
     pub buf: S,
-    /// Success once every byte was acknowledged by the receiver.
+    /// Success once the receiver has taken what it wanted of the message
+    /// (all of it, unless its receive was shorter: a rendezvous message is
+    /// pulled only as far as the receive holds) and acknowledged every frame.
     pub result: Result<(), RequestError>,
 }
 
@@ -717,7 +719,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
 
     /// Sends `buf` to `dst` with `match_bits`. The buffer stays with the core (frames are
     /// sent by reference into it) until the send completes, which happens once the
-    /// receiver acknowledged every byte; it comes back in a [`Completion::Send`].
+    /// receiver took what it wanted of it (a shorter receive pulls a rendezvous
+    /// message only that far) and acknowledged every frame; it comes back in a
+    /// [`Completion::Send`].
     /// Messages up to `eager_threshold` go eager, longer ones by rendezvous.
     /// `now` is read only when the send starts `dst`'s monitoring (see [`Now`]).
     pub fn send(

@@ -28,11 +28,11 @@
 //!   fills); pure ACKs go out after `ack_every` frames
 //!   (a PACK counts as its messages, so that its sender gets its buffers back) or
 //!   `ack_delay`, at once on a gap or duplicate. Loss is detected by three later SACKed
-//!   frames (first transmissions) or, RACK-style, by a later-sent frame being acked, and
-//!   by the retransmission timeout (RFC 6298 estimate, exponential backoff). A timeout
-//!   sends only the oldest waiting frame again (the peer may just be slow), unless the
-//!   link lost frames lately; the probe's acknowledgement, alone, declares the frames
-//!   sent before it lost.
+//!   frames (for a frame not sent again yet) or, RACK-style, by a later-sent frame being
+//!   acked, and by the retransmission timeout (RFC 6298 estimate, exponential backoff).
+//!   A timeout sends only the oldest waiting frame again (the peer may just be slow),
+//!   unless the link lost frames lately; the probe's acknowledgement, alone, declares the
+//!   frames sent before it lost.
 //! - **Credits**: the unexpected store is split evenly among peers; a sender charges each
 //!   message against its share before sending it, and the receiver returns the charge when
 //!   the message binds to a receive. So the store can never overflow, and nothing that

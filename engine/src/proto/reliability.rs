@@ -11,11 +11,11 @@
 //! 64-bit bitmap of the first 64 above it. Acks ride on every frame; a pure ack is
 //! sent only after `ack_every` frames, after `ack_delay`, or at once when a gap or a
 //! duplicate shows that the sender needs to hear (fast retransmit). The sender marks a
-//! frame lost when three later first transmissions were selectively acked, when a frame
-//! sent later than it (by more than a quarter RTT) was acked (RACK), or when the
-//! retransmission timeout expires (exponential backoff); lost frames go out again, with
-//! their original sequence number, before any new frame. This module does not emit frames
-//! or decide what to send next: that is the core's transmit path.
+//! frame lost when three later frames were selectively acked (a frame it has not sent
+//! again), when a frame sent later than it (by more than a quarter RTT) was acked (RACK),
+//! or when the retransmission timeout expires (exponential backoff); lost frames go out
+//! again, with their original sequence number, before any new frame. This module does not
+//! emit frames or decide what to send next: that is the core's transmit path.
 
 use super::core::Core;
 use super::slab::{ones_at_start, shift_down, NIL};
@@ -360,8 +360,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             };
         }
         if (h.sack != 0 || probe_answered) && !peer.inflight.is_empty() {
-            // Loss detection: three later frames arrived (first transmissions), or a frame
-            // sent later than this one by more than the reordering window was acked.
+            // Loss detection: three later frames arrived (for a frame not sent again), or a
+            // frame sent later than this one by more than the reordering window was acked.
             let reo = peer.rtt.srtt() / 4 + core::time::Duration::from_micros(1);
             let mut i = peer.inflight.head;
             while i != NIL {
