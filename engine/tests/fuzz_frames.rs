@@ -416,8 +416,18 @@ include!("../fuzz/core_setup.rs");
 fn the_fuzz_seeds_reach_the_state_machines() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/sequences");
     let mut completed = std::collections::BTreeMap::new();
+    let mut unexpected = std::collections::BTreeMap::new();
+    let mut packs = 0;
     for name in ["session", "packed", "lossy", "silent"] {
         let data = std::fs::read(format!("{dir}/{name}")).expect("the seed is there");
+        // Records: [op][len: u16 LE][frame]; a frame's type is its byte 15.
+        let mut at = 0;
+        while let Some(len) = data.get(at + 1..at + 3) {
+            let len = usize::from(u16::from_le_bytes([len[0], len[1]]));
+            let pack = len > 15 && data[at + 3 + 15] == FrameType::Pack as u8;
+            packs += usize::from(name == "packed" && pack);
+            at += 3 + len;
+        }
         let mut ok = Vec::new();
         let core = fuzz_replay(&data, |c| match c {
             Completion::Send(s) if s.result.is_ok() => ok.push(s.ctx),
@@ -426,6 +436,7 @@ fn the_fuzz_seeds_reach_the_state_machines() {
         });
         ok.sort();
         completed.insert(name, ok);
+        unexpected.insert(name, core.stats().unexpected);
         // Every seed's peer answers to the end: silent but for its engine's
         // answers to keepalives, the last one's peer is still alive.
         let peer = core.peer_info(PeerId(0)).unwrap();
@@ -435,5 +446,10 @@ fn the_fuzz_seeds_reach_the_state_machines() {
     // the 6 B one into the other, the target's 50,000 B pulled by the peer.
     assert_eq!(completed["session"], [0, 1, 2], "{completed:?}");
     assert!(completed["packed"].contains(&0), "{completed:?}");
+    // packed: the forty messages after the first arrive in PACKs, and wait
+    // unexpected (the seed held no PACK while its recorder had room for a
+    // header only).
+    assert!(packs > 0, "no PACK in the packed seed");
+    assert!(unexpected["packed"] >= 40, "{unexpected:?}");
     assert!(completed["lossy"].contains(&0), "{completed:?}");
 }
