@@ -1,7 +1,8 @@
 //! Fuzzing that runs in CI: the frame parser on arbitrary bytes, header round trips, and
 //! arbitrary frame sequences (garbage and well-formed frames with arbitrary fields and
 //! good checksums) fed into live cores, with restarts of the peer and its own frames held
-//! back and replayed late among them. Nothing may panic, every drop is counted, the
+//! back and replayed late among them, on a link that delivers a tenth of the frames late
+//! (up to 150 ms, past the peer timeout). Nothing may panic, every drop is counted, the
 //! unexpected store stays bounded, and the cores can still talk afterwards.
 
 mod common;
@@ -181,14 +182,25 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
     #[test]
-    fn arbitrary_frame_sequences_into_a_core(ops in prop::collection::vec(op(), 0..120)) {
+    fn arbitrary_frame_sequences_into_a_core(
+        ops in prop::collection::vec(op(), 0..120),
+        seed in any::<u64>(),
+    ) {
         let cfg = CoreConfig {
             unexpected_bytes: 64 * 40 * 1024,
             keepalive: Duration::from_millis(1),
             peer_timeout: Duration::from_millis(100),
             ..CoreConfig::default()
         };
-        let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+        // Some genuine frames arrive late, past the peer timeout: after the
+        // session they belonged to was given up, or its sender restarted.
+        let link = LinkConfig {
+            late: 0.1,
+            late_delay: Duration::from_millis(150),
+            seed,
+            ..LinkConfig::default()
+        };
+        let mut sim = make_sim(2, link, &cfg);
         // A live session with a little of everything in flight on core 1.
         let now = sim.now();
         let any = sim.core(1).post_recv(now, None, 0, 0, vec![0; 100_000], 1).unwrap();
