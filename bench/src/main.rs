@@ -385,7 +385,8 @@ fn run(args: &Args) -> Result<(), String> {
             .progress_chars("=> "),
     );
     let mut col = Collector::default();
-    let mut skipped: Vec<String> = Vec::new();
+    // What was not measured, and in how many rounds.
+    let mut skipped: Vec<(String, u32)> = Vec::new();
     let started = Instant::now();
     let mut result = Ok(());
     'all: for &test in &tests {
@@ -400,21 +401,26 @@ fn run(args: &Args) -> Result<(), String> {
                         transports[1 + (k - 1 + round as usize) % rest]
                     };
                     bar.set_message(format!("{test:?} {} {}", t.label(), report::human(size)));
-                    match measure(&mut session, test, t, size, args, pace) {
+                    let m = measure(&mut session, test, t, size, args, pace);
+                    // Taken whatever came of it: what a measurement not kept
+                    // counted must not go to the next one.
+                    let (protocol, lost) = (session.take_protocol(), session.take_lost());
+                    match m {
                         Ok(Some(s)) => {
-                            col.add(test, t, size, s);
-                            if let Some(p) = session.take_protocol() {
+                            col.add(test, t, size, round, s);
+                            if let Some(p) = protocol {
                                 col.count(test, t, size, &p);
                             }
-                            if let Some(n) = session.take_lost() {
+                            if let Some(n) = lost {
                                 col.lost(test, t, size, n);
                             }
                         }
                         Ok(None) => {}
                         Err(Skip::Not(why)) => {
                             let line = format!("{test:?} {} {size} B: {why}", t.label());
-                            if !skipped.contains(&line) {
-                                skipped.push(line);
+                            match skipped.iter_mut().find(|s| s.0 == line) {
+                                Some(s) => s.1 += 1,
+                                None => skipped.push((line, 1)),
                             }
                         }
                         Err(Skip::Fail(e)) => {
@@ -473,7 +479,14 @@ fn run(args: &Args) -> Result<(), String> {
         },
         send_buffers: args.send_buffers,
         rows,
-        skipped,
+        // A point measured in some rounds only says in how many it was not.
+        skipped: skipped
+            .into_iter()
+            .map(|(line, n)| match n < args.rounds {
+                true => format!("{line} (in {n} of {} rounds)", args.rounds),
+                false => line,
+            })
+            .collect(),
         notes,
     };
     // What was measured before a failure is printed all the same (a sweep
@@ -597,6 +610,11 @@ fn measure(
         if s.veth().is_none() {
             return Err(Skip::Not("kernel baselines run on the veth link".into()));
         }
+        if test != Test::Latency && size == 0 {
+            return Err(Skip::Not(
+                "kernel streams need messages of at least 1 byte".into(),
+            ));
+        }
         let r = s
             .paused(|s| {
                 let pair = s.veth().expect("checked above");
@@ -642,7 +660,10 @@ fn measure(
         if let Some(n) = lost {
             s.note_lost(n);
         }
-        return Ok(Some(sample));
+        return match sample {
+            Sample::Flow(f) => timed(f),
+            latency => Ok(Some(latency)),
+        };
     }
     match test {
         Test::Latency => {
@@ -660,18 +681,21 @@ fn measure(
             let f = s
                 .stream(t, size, window, test == Test::Bibw, args.send_buffers, pace)
                 .map_err(Skip::Fail)?;
-            // Everything in the first receive burst (which only starts the
-            // clock): no rate, rather than a rate of 0 (and no ratio).
-            if f.msgs == 0 || f.secs <= 0.0 {
-                return Err(Skip::Not(
-                    "everything arrived at once, too fast to time: give more --iters or \
-                     --time-ms"
-                        .into(),
-                ));
-            }
-            Ok(Some(Sample::Flow(f)))
+            timed(f)
         }
     }
+}
+
+/// A stream's sample, or not measured when it has no rate: everything in
+/// the first receive burst (which only starts the clock), a rate of 0 and no
+/// ratio otherwise.
+fn timed(f: session::Stream) -> Result<Option<Sample>, Skip> {
+    if f.msgs == 0 || f.secs <= 0.0 {
+        return Err(Skip::Not(
+            "everything arrived at once, too fast to time: give more --iters or --time-ms".into(),
+        ));
+    }
+    Ok(Some(Sample::Flow(f)))
 }
 
 #[cfg(test)]

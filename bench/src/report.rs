@@ -233,10 +233,16 @@ pub enum Sample {
     Flow(Stream),
 }
 
-/// Collects samples by (test, transport, size) and round.
+/// One round's sample: the round's number, the transport and the sample.
+type Round = (u32, Transport, Sample);
+
+/// Collects samples by (test, transport, size) and round. A transport's
+/// ratio to raw pairs the two by round: a round one of them has no sample
+/// for (not measured there) is left out, rather than shifting every later
+/// pair onto another round.
 #[derive(Default)]
 pub struct Collector {
-    samples: BTreeMap<(Test, usize, u8), Vec<(Transport, Sample)>>,
+    samples: BTreeMap<(Test, usize, u8), Vec<Round>>,
     protocol: BTreeMap<(Test, usize, u8), Protocol>,
     lost: BTreeMap<(Test, usize, u8), u64>,
 }
@@ -246,12 +252,12 @@ fn tkey(t: Transport) -> u8 {
 }
 
 impl Collector {
-    /// Records one round's sample.
-    pub fn add(&mut self, test: Test, t: Transport, size: usize, s: Sample) {
+    /// Records round `round`'s sample.
+    pub fn add(&mut self, test: Test, t: Transport, size: usize, round: u32, s: Sample) {
         self.samples
             .entry((test, size, tkey(t)))
             .or_default()
-            .push((t, s));
+            .push((round, t, s));
     }
 
     /// Adds one round's protocol counters.
@@ -271,7 +277,7 @@ impl Collector {
     pub fn rows(&self) -> Vec<Row> {
         let mut rows = Vec::new();
         for (&(test, size, _), samples) in &self.samples {
-            let t = samples[0].0;
+            let t = samples[0].1;
             let raw = self.samples.get(&(test, size, tkey(Transport::Raw)));
             let mut row = Row {
                 test,
@@ -284,10 +290,10 @@ impl Collector {
                 protocol: self.protocol.get(&(test, size, tkey(t))).copied(),
                 window: None,
             };
-            let hists: Vec<&Histogram<u64>> = samples
+            let hists: Vec<(u32, &Histogram<u64>)> = samples
                 .iter()
-                .filter_map(|s| match &s.1 {
-                    Sample::Latency(h) if !h.is_empty() => Some(h),
+                .filter_map(|s| match &s.2 {
+                    Sample::Latency(h) if !h.is_empty() => Some((s.0, h)),
                     _ => None,
                 })
                 .collect();
@@ -295,7 +301,7 @@ impl Collector {
                 let q = |p: f64| -> Vec<f64> {
                     hists
                         .iter()
-                        .map(|h| h.value_at_quantile(p) as f64)
+                        .map(|h| h.1.value_at_quantile(p) as f64)
                         .collect()
                 };
                 let p50 = q(0.5);
@@ -306,38 +312,40 @@ impl Collector {
                     p90_ns: median(&q(0.9)),
                     p99_ns: median(&p99),
                     p999_ns: median(&q(0.999)),
-                    max_ns: hists.iter().map(|h| h.max()).max().unwrap_or(0) as f64,
-                    count: hists.iter().map(|h| h.len()).sum(),
+                    max_ns: hists.iter().map(|h| h.1.max()).max().unwrap_or(0) as f64,
+                    count: hists.iter().map(|h| h.1.len()).sum(),
                     p50_min_ns: lo,
                     p50_max_ns: hi,
                     rounds_p50_ns: p50.clone(),
                     lost: self.lost.get(&(test, size, tkey(t))).copied().unwrap_or(0),
                 });
                 if let Some(raw) = raw {
-                    let rq = |p: f64| -> Vec<f64> {
-                        raw.iter()
-                            .filter_map(|s| match &s.1 {
-                                Sample::Latency(h) if !h.is_empty() => {
-                                    Some(h.value_at_quantile(p) as f64)
-                                }
-                                _ => None,
-                            })
-                            .collect()
+                    // Raw's value at quantile `p` in round `r`.
+                    let rq = |r: u32, p: f64| {
+                        raw.iter().find_map(|s| match &s.2 {
+                            Sample::Latency(h) if s.0 == r && !h.is_empty() => {
+                                Some(h.value_at_quantile(p) as f64)
+                            }
+                            _ => None,
+                        })
                     };
                     // Medians of per-round ratios, p50 and p99 alike.
                     let ratio = |mine: &[f64], p: f64| {
-                        let ratios: Vec<f64> =
-                            mine.iter().zip(&rq(p)).map(|(a, b)| a / b).collect();
+                        let ratios: Vec<f64> = mine
+                            .iter()
+                            .zip(&hists)
+                            .filter_map(|(a, h)| rq(h.0, p).map(|b| a / b))
+                            .collect();
                         (!ratios.is_empty()).then(|| median(&ratios))
                     };
                     row.ratio_to_raw = ratio(&p50, 0.5);
                     row.p99_ratio_to_raw = ratio(&p99, 0.99);
                 }
             }
-            let flows: Vec<&Stream> = samples
+            let flows: Vec<(u32, &Stream)> = samples
                 .iter()
-                .filter_map(|s| match &s.1 {
-                    Sample::Flow(f) => Some(f),
+                .filter_map(|s| match &s.2 {
+                    Sample::Flow(f) => Some((s.0, f)),
                     _ => None,
                 })
                 .collect();
@@ -349,8 +357,8 @@ impl Collector {
                         0.0
                     }
                 };
-                let per: Vec<f64> = flows.iter().map(|f| rate(f)).collect();
-                let (bytes, msgs, secs) = flows.iter().fold((0, 0, 0.0), |a, f| {
+                let per: Vec<f64> = flows.iter().map(|f| rate(f.1)).collect();
+                let (bytes, msgs, secs) = flows.iter().map(|f| f.1).fold((0, 0, 0.0), |a, f| {
                     (a.0 + f.bytes, a.1 + f.msgs, a.2 + f.secs)
                 });
                 let (lo, hi) = min_max(&per);
@@ -371,21 +379,25 @@ impl Collector {
                     lost: self.lost.get(&(test, size, tkey(t))).copied().unwrap_or(0),
                 });
                 if let Some(raw) = raw {
+                    // The figure compared: none for a stream with no span.
                     let by = |f: &Stream| {
-                        if test == Test::Msgrate {
-                            f.msgs as f64 / f.secs.max(1e-12)
+                        let v = if test == Test::Msgrate {
+                            f.msgs as f64 / f.secs
                         } else {
                             rate(f)
-                        }
+                        };
+                        (f.secs > 0.0 && v > 0.0).then_some(v)
+                    };
+                    // Raw's figure in round `r`.
+                    let raw_in = |r: u32| {
+                        raw.iter().find_map(|s| match &s.2 {
+                            Sample::Flow(f) if s.0 == r => by(f),
+                            _ => None,
+                        })
                     };
                     let ratios: Vec<f64> = flows
                         .iter()
-                        .zip(raw.iter().filter_map(|s| match &s.1 {
-                            Sample::Flow(f) => Some(f),
-                            _ => None,
-                        }))
-                        .filter(|(_, r)| by(r) > 0.0)
-                        .map(|(f, r)| by(f) / by(r))
+                        .filter_map(|&(r, f)| Some(by(f)? / raw_in(r)?))
                         .collect();
                     row.ratio_to_raw = (!ratios.is_empty()).then(|| median(&ratios));
                 }
@@ -995,11 +1007,11 @@ mod tests {
         use Transport::*;
         let mut c = Collector::default();
         for (t, size, lost) in [(Raw, 8, 0), (Raw, 64 << 10, 2), (Udp, 8, 1), (Emx, 8, 0)] {
-            for _ in 0..2 {
+            for round in 0..2 {
                 let mut h = Histogram::<u64>::new(3).unwrap();
                 h.record(1000).unwrap();
                 h.record(2000).unwrap();
-                c.add(Latency, t, size, Sample::Latency(h));
+                c.add(Latency, t, size, round, Sample::Latency(h));
                 c.lost(Latency, t, size, lost);
             }
         }
@@ -1027,6 +1039,66 @@ mod tests {
         assert!(none.is_empty());
     }
 
+    /// A transport's ratio to raw pairs the two by round: a round raw was
+    /// not measured in is left out (it shifted every later pair onto the
+    /// next round), and so is a stream with no span (its ratio read 1e12).
+    #[test]
+    fn ratios_pair_rounds_by_number() {
+        use Test::*;
+        use Transport::*;
+        let mut c = Collector::default();
+        let flow = |gbit: f64| {
+            Sample::Flow(Stream {
+                bytes: (gbit * 1e9 / 8.0 * 0.01) as u64,
+                msgs: 10,
+                secs: 0.01,
+            })
+        };
+        let hist = |ns: u64| {
+            let mut h = Histogram::<u64>::new(3).unwrap();
+            h.record(ns).unwrap();
+            Sample::Latency(h)
+        };
+        // Raw measured in rounds 1 and 2 only; emx in all three.
+        for (round, raw, emx) in [(1, 10.0, 5.0), (2, 20.0, 8.0)] {
+            c.add(Bandwidth, Raw, 1 << 20, round, flow(raw));
+            c.add(Bandwidth, Emx, 1 << 20, round, flow(emx));
+            c.add(Latency, Raw, 8, round, hist(1000 * u64::from(round)));
+        }
+        c.add(Bandwidth, Emx, 1 << 20, 0, flow(1.0));
+        for (round, ns) in [(0, 900), (1, 1500), (2, 2600)] {
+            c.add(Latency, Emx, 8, round, hist(ns));
+        }
+        // A message rate with no span: no ratio rather than a huge one.
+        c.add(Msgrate, Raw, 8, 0, flow(1.0));
+        c.add(
+            Msgrate,
+            Emx,
+            8,
+            0,
+            Sample::Flow(Stream {
+                bytes: 80,
+                msgs: 10,
+                secs: 0.0,
+            }),
+        );
+        let rows = c.rows();
+        let ratio = |test, size| {
+            rows.iter()
+                .find(|r| r.test == test && r.transport == Emx && r.size == size)
+                .unwrap()
+                .ratio_to_raw
+        };
+        // Rounds 1 and 2: 5/10 and 8/20, median 0.45 (by position: 1/10,
+        // 5/20).
+        let bw = ratio(Bandwidth, 1 << 20).unwrap();
+        assert!((bw - 0.45).abs() < 1e-3, "{bw}");
+        // 1500/1000 and 2600/2000, median 1.4.
+        let lat = ratio(Latency, 8).unwrap();
+        assert!((lat - 1.4).abs() < 1e-2, "{lat}");
+        assert_eq!(ratio(Msgrate, 8), None);
+    }
+
     /// Streams that lost messages (kernel UDP) say so in the JSON and under
     /// the tables; the others do not.
     #[test]
@@ -1035,13 +1107,13 @@ mod tests {
         use Transport::*;
         let mut c = Collector::default();
         for (t, lost) in [(Raw, 0), (Udp, 7), (Tcp, 0)] {
-            for _ in 0..2 {
+            for round in 0..2 {
                 let f = Stream {
                     bytes: 64_000,
                     msgs: 1000,
                     secs: 0.001,
                 };
-                c.add(Bandwidth, t, 64, Sample::Flow(f));
+                c.add(Bandwidth, t, 64, round, Sample::Flow(f));
                 c.lost(Bandwidth, t, 64, lost);
             }
         }
