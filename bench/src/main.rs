@@ -121,10 +121,12 @@ struct Args {
     /// Warm-up before each measurement, in milliseconds.
     #[arg(long, default_value_t = 10)]
     warmup_ms: u64,
-    /// At most this many iterations per measurement (round trips, or
-    /// messages sent in a stream): for quick checks. A stream cut short
-    /// within its warm-up is measured whole; the kernel's (udp, tcp), whose
-    /// short streams arrive in a read or two, from their senders' start.
+    /// At most this many iterations per measurement, for quick checks:
+    /// round trips measured after the warm-up, or messages sent in a stream,
+    /// warm-up included. A stream cut short within its warm-up, or so soon
+    /// after it that less than a quarter came later, is measured whole; the
+    /// kernel's (udp, tcp), whose short streams arrive in a read or two,
+    /// from their senders' start.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     iters: Option<u64>,
     /// Link MTU, up to 9000 (jumbo frames) where the link allows. By default
