@@ -585,6 +585,7 @@ fn a_polling_thread_that_dies_ends_what_waits_on_it() {
     let r = a.irecv(None, 7, u64::MAX, vec![0u8; 10]).unwrap();
     let r2 = a.irecv(None, 8, u64::MAX, vec![0u8; 10]).unwrap();
     let r3 = a.irecv(None, 9, u64::MAX, vec![0u8; 10]).unwrap();
+    let r4 = a.irecv(None, 10, u64::MAX, vec![0u8; 10]).unwrap();
     doom.store(true, Ordering::SeqCst);
     // On a thread of its own, so that a wait that never ends fails the test.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -592,6 +593,17 @@ fn a_polling_thread_that_dies_ends_what_waits_on_it() {
         let waited = a.wait(r).map(|_| ());
         let tested = a.test(r2).map(|_| ());
         let taken = a.take(r3).map(|_| ());
+        // A loop of is_done and progress ends too (it spun for good): the
+        // request reads as done, and taking it says how it ended.
+        let looped = loop {
+            match a.is_done(r4) {
+                Ok(false) => {
+                    a.progress();
+                }
+                Ok(true) => break a.take(r4).map(|_| ()),
+                Err(e) => break Err(e),
+            }
+        };
         let sent = a.isend(Addr::new(2, 0), 1, vec![1u8]).map(|_| ());
         let asked = a.stats(Addr::new(2, 0)).map(|_| ());
         // Nor does a close wait out its deadline for what will never finish.
@@ -599,7 +611,7 @@ fn a_polling_thread_that_dies_ends_what_waits_on_it() {
         a.close(Duration::from_secs(60));
         let closed_in = t.elapsed();
         let sent = sent.map_err(|r| r.error);
-        let _ = tx.send(([waited, tested, taken, sent, asked], closed_in));
+        let _ = tx.send(([waited, tested, taken, looped, sent, asked], closed_in));
     });
     let (ended, closed_in) = rx
         .recv_timeout(Duration::from_secs(30))

@@ -1713,8 +1713,12 @@ impl Endpoint {
             Mode::Thread(events) => {
                 let eps = &self.shared.eps[self.ep];
                 // Read first: once stopped, the polling thread pushes nothing
-                // more, so the rings drained below hold all there is.
-                let stopped = self.shared.state.load(Ordering::Acquire) == STOPPED;
+                // more, so the rings drained below hold all there is. A thread
+                // that died pushes nothing either, and marks itself dead before
+                // stopped: `test` and `take`, seeing it dead, must find here
+                // what it left.
+                let stopped = self.shared.died.load(Ordering::Acquire)
+                    || self.shared.state.load(Ordering::Acquire) == STOPPED;
                 // All that is there, taken as one chunk: one store of the
                 // ring's head for the lot.
                 let n = events.slots();
@@ -1767,8 +1771,13 @@ impl Endpoint {
     /// reads `false`, where [`test`](Self::test) would poll the link, and
     /// messages arriving then could find none of the receives it has yet to
     /// post again; [`take`](Self::take) takes a completion without a poll.
+    ///
+    /// A request that can no longer finish because the polling thread died
+    /// reads as done: [`take`](Self::take) or [`test`](Self::test) then says
+    /// how it ended ([`Error::Thread`] for one the thread never finished), so
+    /// that a loop of `is_done` and `progress` ends.
     pub fn is_done(&self, req: Request) -> Result<bool, Error> {
-        self.requests.is_done(req)
+        Ok(self.requests.is_done(req)? || self.shared.died.load(Ordering::Acquire))
     }
 
     /// The request's completion if this endpoint already has it (taking it:
