@@ -907,9 +907,10 @@ impl Engine {
     /// Stops accepting work, lets requests under way (sends, and receives
     /// whose messages are arriving) finish until `deadline` from now,
     /// completes the rest (receives still waiting for a message among them)
-    /// with [`Error::ShutDown`], and stops the polling thread. The link
-    /// closes when the engine and its endpoint are gone. (Inline engines are
-    /// drained by [`Endpoint::close`].)
+    /// with [`Error::ShutDown`], and stops the polling thread, which owns
+    /// the link: it closes then, whether endpoints are still held or not.
+    /// (Inline engines are drained by [`Endpoint::close`], and their link
+    /// closes when the engine and its endpoint are gone.)
     pub fn shutdown(mut self, deadline: Duration) -> Result<(), Error> {
         self.stop(deadline)
     }
@@ -1528,11 +1529,19 @@ impl Endpoint {
     /// ([`SendBuf::Registered`]) go out without a copy (but for frames shorter
     /// than [`COPY_BELOW`](crate::io::COPY_BELOW), where a copy is cheaper);
     /// ordinary ones are copied into frames. The buffer comes back at completion, which happens
-    /// once the receiver acknowledged every byte. A registered one comes back writable
+    /// once the receiver took what it wanted of the message (a shorter receive pulls a long
+    /// one only that far) and acknowledged every frame. A registered one comes back writable
     /// ([`ExtBuf::as_mut_slice`](dpdk_ffi::ExtBuf::as_mut_slice)) unless other handles share
     /// it, or a copy of one of its frames sent again still waits on a full link: the link is
     /// made to let go of the frames it sent first ([`PacketIo::reclaim`]; a NIC frees them
     /// lazily).
+    ///
+    /// Inline, what the core refuses (an unknown peer, a message too long, a
+    /// peer given up on) comes back here as [`Refused`]; with a polling thread
+    /// only what this endpoint refuses does (a full submission ring, a closed
+    /// engine), and the core's refusals come in the completion
+    /// ([`Error::Send`]; [`Error::Recv`] for [`irecv`](Self::irecv), which is
+    /// the same), as later failures do.
     ///
     /// Inline, a message with nothing in flight to its peer and nothing
     /// queued ahead of it leaves in this call; one that finds others in
@@ -2036,7 +2045,10 @@ impl Endpoint {
 
     /// Cancels a posted receive that has not matched yet; it completes with
     /// `Cancelled`. Returns whether it could still be cancelled (inline) or
-    /// the request was handed on (polling thread).
+    /// the request was handed on (polling thread): there `true` says only
+    /// that the cancel was queued (also for a send, which the core does not
+    /// cancel, or once the engine stopped); the completion says what came
+    /// of it.
     pub fn cancel(&mut self, req: Request) -> Result<bool, Error> {
         self.requests.is_done(req)?;
         match &mut self.mode {
@@ -2184,18 +2196,20 @@ impl Endpoint {
     /// Closes the endpoint: no new requests; those under way (sends, and
     /// receives whose messages are arriving) get until `deadline` to finish;
     /// the rest (receives still waiting for a message among them) are aborted
-    /// (they complete with [`Error::ShutDown`]). Every completion, with its buffer,
-    /// is in the report, but for requests of a polling thread that does not
-    /// answer within a second, or died ([`ShutdownReport::lost`]). Then the endpoint is gone to its peers, as if its
-    /// process had ended: its core takes no new message
-    /// ([`Core::begin_close`]) and goes on only until it has owed its peers
-    /// nothing for a moment (acknowledgements, the NOTIFYs of aborted
-    /// receives; at most a second), which an inline close waits for; a
-    /// polling thread's core then answers nothing ([`Core::close`]). A peer's
-    /// sends to it fail
-    /// ([`RequestError::PeerUnreachable`](crate::proto::RequestError)) once the
-    /// peer gives it up. Other endpoints of the engine are not affected; the
-    /// link closes when the engine and its endpoints are gone.
+    /// (they complete with [`Error::ShutDown`]). Every completion, with its
+    /// buffer, is in the report, but for requests of a polling thread that
+    /// does not answer within a second, or died ([`ShutdownReport::lost`]).
+    /// Then the endpoint is gone to its peers, as if its process had ended:
+    /// its core takes no new message ([`Core::begin_close`]) and goes on only
+    /// until it has owed its peers nothing for a moment (acknowledgements,
+    /// the NOTIFYs of aborted receives; at most a second), which an inline
+    /// close waits for; a polling thread's core then answers nothing
+    /// ([`Core::close`]). A peer's sends to it fail
+    /// ([`RequestError::PeerUnreachable`](crate::proto::RequestError)) once
+    /// the peer gives it up. Other endpoints of the engine are not affected.
+    /// The link closes when the polling thread stops
+    /// ([`Engine::shutdown`], or the engine dropped), or inline when the
+    /// engine and its endpoint are gone.
     pub fn close(mut self, deadline: Duration) -> ShutdownReport {
         self.closed = true;
         // Finished ones not yet taken too: their buffers come back in the

@@ -34,8 +34,9 @@ use crate::proto::{ConfigError, PeerError, RecvError, RequestError, SendError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The submission ring is full: try again after taking completions.
-    #[error("would block: the submission ring is full; take completions and retry")]
+    /// The submission ring is full: try again (the polling thread empties it
+    /// as it goes, whether completions are taken or not).
+    #[error("would block: the submission ring is full; retry once the polling thread took some")]
     WouldBlock,
     /// The engine is shutting down or stopped, or the endpoint was closed.
     #[error(
