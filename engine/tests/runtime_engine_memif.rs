@@ -242,6 +242,42 @@ fn registered_send_is_not_copied_nor_released_before_ack() {
     );
 }
 
+/// An endpoint of a polling thread dropped while the engine runs on gives
+/// its buffers back: its aborted receive's registered range returns to the
+/// region once the endpoint's core closed, not when the engine stops (its
+/// completion waited in a ring nobody read).
+#[test]
+fn a_dropped_endpoints_buffers_go_back_while_the_engine_runs() {
+    let eal = eal();
+    let pool = pool(&eal, "gone");
+    let (pa, pb) = memif_pair(&eal, &pool);
+    let thread = ProgressMode::Thread {
+        core: None,
+        spin: false,
+    };
+    let (mut ea, eb) = engines(&pa, &pb, &pool, thread);
+    let mut a = ea.endpoint().unwrap();
+    let region = ExtMem::new(&eal, 1 << 20).unwrap();
+    let buf = region.alloc(64 << 10, 64).unwrap();
+    let _r = a
+        .irecv(None, 1, u64::MAX, emx::runtime::RecvBuf::Registered(buf))
+        .unwrap();
+    assert_eq!(region.lent_bytes(), 64 << 10);
+    drop(a);
+    let t = Instant::now();
+    while region.lent_bytes() != 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        region.lent_bytes(),
+        0,
+        "still lent {:?} after the drop",
+        t.elapsed()
+    );
+    ea.shutdown(Duration::ZERO).unwrap();
+    drop(eb);
+}
+
 /// One registered buffer in several sends at once ([`ExtBuf::share`]): each
 /// send takes a handle, every copy arrives whole, none of the handles can be
 /// posted to receive while another exists, and the range goes back to the

@@ -1113,6 +1113,8 @@ fn poll_thread(
         (0..n_eps).map(|_| VecDeque::with_capacity(BURST)).collect();
     // What each endpoint's `backlogged` flag says (written only on change).
     let mut backlogged = vec![false; n_eps];
+    // Endpoints dropped: nobody reads their rings.
+    let mut gone = vec![false; n_eps];
     let mut backoff = Backoff::new(spin);
     // Stopping: since when every core was closing, and whether they settled.
     let mut cores_closing: Option<Instant> = None;
@@ -1234,6 +1236,22 @@ fn poll_thread(
         let mut delivered = false;
         let mut woke_here = false;
         for (ep, eps) in shared.eps.iter().enumerate() {
+            // An endpoint dropped (looked at while it closes, or has events
+            // waiting): what its ring holds (buffers, lent frames) goes now
+            // with the ring, and what comes later as it comes (its aborted
+            // requests), rather than at the engine's stop. A new ring of
+            // one slot, once, stands in for it.
+            if !gone[ep]
+                && (closing[ep].is_some() || !backlog[ep].is_empty())
+                && events[ep].is_abandoned()
+            {
+                gone[ep] = true;
+                events[ep] = rtrb::RingBuffer::new(1).0;
+            }
+            if gone[ep] {
+                backlog[ep].clear();
+                continue;
+            }
             if deliver(&mut events[ep], &mut backlog[ep]) {
                 // An unpinned thread cannot tell where the woken one will
                 // run: the kernel tends to put it on this CPU (see
@@ -1316,6 +1334,10 @@ fn poll_thread(
                 for (ep, eps) in shared.eps.iter().enumerate() {
                     while let Some(cmd) = eps.cmds.pop() {
                         backlog[ep].extend(refused(cmd));
+                    }
+                    if gone[ep] {
+                        backlog[ep].clear();
+                        continue;
                     }
                     deliver(&mut events[ep], &mut backlog[ep]);
                     if !backlog[ep].is_empty() {
