@@ -24,8 +24,9 @@ fn seq(f: &MemFrame) -> u32 {
     u32::from_be_bytes(f.0[14..18].try_into().unwrap())
 }
 
-/// Sends `n` frames from a to b in bursts, receiving through `rx`; returns
-/// the sequence numbers in arrival order.
+/// Sends `n` frames from a to b in bursts, receiving through `rx` until
+/// `settle` after the last was sent; returns the sequence numbers in arrival
+/// order.
 fn pump<R: PacketIo<Frame = MemFrame>>(
     a: &mut MemIo,
     dst: [u8; 6],
@@ -37,7 +38,10 @@ fn pump<R: PacketIo<Frame = MemFrame>>(
     let mut inb = Vec::with_capacity(64);
     let mut out = Vec::with_capacity(64);
     let mut next = 0;
-    let deadline = Instant::now() + settle;
+    // From when the last frame left: a deadline from the start passed while
+    // a loaded machine still sent, and frames held back then were not
+    // waited for.
+    let mut sent_at = None;
     loop {
         while next < n && out.len() < 32 {
             out.push(frame(a, dst, next, 100));
@@ -46,8 +50,11 @@ fn pump<R: PacketIo<Frame = MemFrame>>(
         a.send(&mut out);
         rx.recv(&mut inb, 64);
         got.extend(inb.drain(..).map(|f| seq(&f)));
-        if next == n && out.is_empty() && Instant::now() > deadline {
-            break;
+        if next == n && out.is_empty() {
+            let at = *sent_at.get_or_insert_with(Instant::now);
+            if at.elapsed() > settle {
+                break;
+            }
         }
     }
     got
