@@ -410,18 +410,20 @@ impl EmxSide {
                 None => return false,
             },
         };
-        self.send_buf(tag, b)
+        self.send_buf(tag, b).is_ok()
     }
 
-    pub(crate) fn send_buf(&mut self, tag: u64, b: Mem) -> bool {
+    /// Sends `b`; emx's refusal (the buffer taken back) as an error.
+    pub(crate) fn send_buf(&mut self, tag: u64, b: Mem) -> Result<(), String> {
         match self.ep.isend(self.peer, tag, b.send()) {
             Ok(s) => {
                 self.sends.push_back(s);
-                true
+                Ok(())
             }
             Err(r) => {
+                let e = r.error.to_string();
                 self.sent(r.buf);
-                false
+                Err(e)
             }
         }
     }

@@ -1983,7 +1983,11 @@ impl Echo {
                     // arrives in it is echoed at once, not after another poll.
                     if let Some((b, _)) = s.recv_done()? {
                         // A lone inline send: the echo leaves in this call.
-                        s.send_buf(gen, b);
+                        // Refused, the echo ends with the error: ignored, the
+                        // pinger waited for its answer for good (its peer
+                        // answers acknowledgements, so no timeout ends it).
+                        s.send_buf(gen, b)
+                            .map_err(|e| format!("the echo's answer was refused: {e}"))?;
                         // The previous echo, acknowledged by this ping, comes
                         // back; the new one's test polls (it is not done), which
                         // sends it where it could not leave alone.
