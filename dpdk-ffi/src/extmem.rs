@@ -48,8 +48,9 @@ struct RegionInner {
 }
 
 // SAFETY: the region is plain memory; all access to its bytes goes through
-// ExtBuf, whose ranges are disjoint (enforced by `lent`), and the bookkeeping
-// is behind a Mutex.
+// ExtBuf, whose ranges are disjoint (enforced by `lent`) but for the handles
+// `share` makes on one range, which write it only as its one reference
+// (`as_mut_slice`'s count check); the bookkeeping is behind a Mutex.
 unsafe impl Send for RegionInner {}
 // SAFETY: as above.
 unsafe impl Sync for RegionInner {}
@@ -425,8 +426,8 @@ struct BufState {
 
 /// DPDK's `free_cb`: the reference count reached zero.
 unsafe extern "C" fn release_cb(_addr: *mut libc::c_void, opaque: *mut libc::c_void) {
-    // DPDK may have read the last count with a plain load (its fast path for a
-    // count of 1): order the release after every other holder's use of the
+    // DPDK may have read the last count with a relaxed load (its fast path
+    // for a count of 1): order the release after every other holder's use of the
     // bytes and the state, which their decrements (release) published.
     fence(Ordering::Acquire);
     // SAFETY: opaque is the BufState leaked in buffer_with; the count reached
@@ -528,8 +529,9 @@ impl ExtBuf {
     /// (to several peers, or a window of sends of the same data) takes one
     /// handle per request.
     ///
-    /// Fails when [`MAX_SHARES`](Self::MAX_SHARES) references exist already
-    /// (the count is DPDK's 16-bit one, which attached mbufs also use).
+    /// Fails when the buffer has [`MAX_SHARES`](Self::MAX_SHARES) references
+    /// besides this handle already: other handles and attached mbufs (the
+    /// count is DPDK's 16-bit one, which both use).
     ///
     /// ```no_run
     /// # fn f(region: &dpdk_ffi::ExtMem) -> dpdk_ffi::Result<()> {
@@ -618,7 +620,9 @@ impl ExtBuf {
                 limit: self.len.min(usize::from(u16::MAX)),
             });
         }
-        if mbuf.pkt_len() != 0 || mbuf.nb_segs() != 1 || mbuf.is_external() {
+        // (Direct, with no clone: DPDK attaches only such an mbuf, and one
+        // that was indirect would leak the mbuf it pointed at when freed.)
+        if mbuf.pkt_len() != 0 || mbuf.nb_segs() != 1 || !mbuf.owns_data() {
             return Err(Error::Config(
                 "only an empty, direct, single-segment mbuf can be attached".into(),
             ));

@@ -11,6 +11,22 @@ use crate::sys;
 /// Data not owned by this mbuf alone.
 const SHARED_DATA_FLAGS: u64 = sys::RTE_MBUF_F_EXTERNAL | sys::RTE_MBUF_F_INDIRECT;
 
+/// Whether segment `m`'s data belongs to its holder alone: a direct buffer
+/// and no other reference to the mbuf. The count is read atomically: DPDK
+/// changes it with atomics, on whatever thread frees a clone.
+///
+/// # Safety
+/// `m` is a valid mbuf.
+#[inline]
+unsafe fn data_owned(m: *mut sys::rte_mbuf) -> bool {
+    // SAFETY: m is valid (the caller's contract); refcnt is a u16 that DPDK
+    // only changes atomically.
+    let refcnt = unsafe { std::sync::atomic::AtomicU16::from_ptr(&raw mut (*m).refcnt) };
+    // SAFETY: as above.
+    let flags = unsafe { (*m).ol_flags };
+    flags & SHARED_DATA_FLAGS == 0 && refcnt.load(std::sync::atomic::Ordering::Acquire) == 1
+}
+
 /// An owned packet buffer (`struct rte_mbuf`), possibly the head of a chain of
 /// segments. It frees itself, and every segment after it, on drop.
 ///
@@ -98,6 +114,13 @@ impl Mbuf {
         self.raw().ol_flags & sys::RTE_MBUF_F_EXTERNAL != 0
     }
 
+    /// True when this (first) segment's data is this handle's alone: a
+    /// direct buffer (neither external nor another mbuf's) and no clone.
+    pub(crate) fn owns_data(&self) -> bool {
+        // SAFETY: self owns a valid mbuf.
+        unsafe { data_owned(self.0.as_ptr()) }
+    }
+
     /// The data of this (first) segment.
     pub fn data(&self) -> &[u8] {
         // SAFETY: data_off + data_len lies within the segment's buffer (DPDK's
@@ -108,10 +131,11 @@ impl Mbuf {
     /// The data of this (first) segment, to write. Refused when the data is
     /// shared with another owner (a clone, or an external buffer).
     pub fn data_mut(&mut self) -> Result<&mut [u8]> {
-        let m = self.raw();
-        if m.ol_flags & SHARED_DATA_FLAGS != 0 || m.refcnt != 1 {
+        // SAFETY: self owns a valid mbuf.
+        if !unsafe { data_owned(self.0.as_ptr()) } {
             return Err(Error::SharedData);
         }
+        let m = self.raw();
         let (off, len) = (usize::from(m.data_off), usize::from(m.data_len));
         // SAFETY: as in data(), and the data is owned by this mbuf alone
         // (checked above), so no other reference to it exists.
@@ -176,8 +200,7 @@ impl Mbuf {
     pub fn append(&mut self, len: usize) -> Result<&mut [u8]> {
         let last = self.last_segment();
         // SAFETY: last is a segment of the chain self owns.
-        let seg = unsafe { &*last };
-        if seg.ol_flags & SHARED_DATA_FLAGS != 0 || seg.refcnt != 1 {
+        if !unsafe { data_owned(last) } {
             return Err(Error::SharedData);
         }
         let room = self.tailroom();
@@ -211,8 +234,8 @@ impl Mbuf {
     /// headroom) and returns them: where a header is written in place. Like
     /// [`append`](Self::append)'s, they hold what the buffer held before.
     pub fn prepend(&mut self, len: usize) -> Result<&mut [u8]> {
-        let m = self.raw();
-        if m.ol_flags & SHARED_DATA_FLAGS != 0 || m.refcnt != 1 {
+        // SAFETY: self owns a valid mbuf.
+        if !unsafe { data_owned(self.0.as_ptr()) } {
             return Err(Error::SharedData);
         }
         let room = self.headroom();
@@ -444,6 +467,11 @@ impl<const N: usize> Burst<N> {
     /// Fills every free slot from the pool in one bulk allocation, all or nothing.
     pub fn alloc_fill(&mut self, pool: &Mempool) -> Result<usize> {
         let n = self.room();
+        if n == 0 {
+            // Full: a bulk get of none fails on a pool without a cache for
+            // this thread (the ring driver reads 0 taken as exhausted).
+            return Ok(0);
+        }
         let (ptr, _) = self.spare();
         // SAFETY: ptr points at `n` free slots; alloc_bulk writes n valid mbufs
         // or none.

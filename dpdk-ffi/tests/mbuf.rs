@@ -249,3 +249,30 @@ fn a_release_callback_may_drop_a_pool() {
     assert!(!pool_named("held").is_null(), "counted inside a burst");
     let _next = Mempool::new(&eal, "held", 255, 0, DEFAULT_DATA_ROOM).unwrap();
 }
+
+/// A full burst's fill takes nothing and says so: it asked the pool for
+/// none, which a pool with no cache for this thread answered as exhausted.
+/// An mbuf another reference holds (as a clone does) is neither written nor
+/// given external memory: DPDK attaches only a direct mbuf of one holder.
+#[test]
+fn a_full_burst_fills_nothing_and_a_shared_mbuf_is_left_alone() {
+    let eal = eal(HugepageMode::Never);
+    let pool = Mempool::new(&eal, "fb", 255, 0, DEFAULT_DATA_ROOM).unwrap();
+    let mut b: Burst<8> = Burst::new();
+    assert_eq!(b.alloc_fill(&pool).unwrap(), 8);
+    assert_eq!(b.alloc_fill(&pool).unwrap(), 0, "full: none taken");
+    drop(b);
+    let region = dpdk_ffi::ExtMem::new(&eal, 1 << 20).unwrap();
+    let buf = region.alloc(4096, 64).unwrap();
+    let mut m = Mbuf::alloc(&pool).unwrap();
+    // SAFETY: m is a valid mbuf this test owns; a second reference is
+    // counted as rte_pktmbuf_clone counts it, and dropped below.
+    unsafe { (*m.as_ptr()).refcnt = 2 };
+    assert!(matches!(m.append(4), Err(Error::SharedData)));
+    assert!(matches!(m.prepend(4), Err(Error::SharedData)));
+    assert!(matches!(m.data_mut(), Err(Error::SharedData)));
+    assert!(buf.attach(&mut m, 0, 64).is_err(), "a shared mbuf attached");
+    // SAFETY: as above: the count the test added goes.
+    unsafe { (*m.as_ptr()).refcnt = 1 };
+    buf.attach(&mut m, 0, 64).unwrap();
+}
