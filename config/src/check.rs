@@ -39,7 +39,9 @@ impl ClusterConfig {
         // Protocols that switches, NICs and kernels act on: emx frames under
         // one of these would be taken for them (VLAN tags stripped or
         // pushed, IP stacks and LLDP agents fed emx headers).
-        const TAKEN: [(u16, &str); 8] = [
+        // Some never leave the first port: a NIC's MAC takes PAUSE frames,
+        // bonding drivers LACP, authenticators 802.1X.
+        const TAKEN: [(u16, &str); 17] = [
             (0x0800, "IPv4"),
             (0x0806, "ARP"),
             (0x8035, "RARP"),
@@ -48,6 +50,15 @@ impl ClusterConfig {
             (0x88A8, "an 802.1ad VLAN tag"),
             (0x9100, "a VLAN tag (QinQ)"),
             (0x88CC, "LLDP"),
+            (0x8808, "Ethernet flow control (PAUSE)"),
+            (0x8809, "LACP (slow protocols)"),
+            (0x888E, "802.1X (EAPOL)"),
+            (0x88E5, "MACsec"),
+            (0x88F7, "PTP"),
+            (0x8847, "MPLS"),
+            (0x8848, "MPLS (multicast)"),
+            (0x8863, "PPPoE discovery"),
+            (0x8864, "PPPoE"),
         ];
         let et = self.cluster().ethertype;
         if let Some((_, what)) = TAKEN.iter().find(|(t, _)| *t == et) {
@@ -104,6 +115,17 @@ impl ClusterConfig {
                 }
                 macs.insert(a, i);
             }
+        }
+        self.check_peer_table()?;
+        self.check_protocol_whole()?;
+        self.check_mtus_equal()
+    }
+
+    /// Every node has one MTU. After each node's is checked on its own
+    /// (`check_protocol_whole`): a first node whose MTU is out of range is
+    /// named for that, not the others for differing from it.
+    fn check_mtus_equal(&self) -> Result<(), ConfigError> {
+        for (i, n) in self.nodes().iter().enumerate() {
             // No MTU is negotiated: each node sizes its frames by its own, and
             // a peer's port drops what is longer than its MTU. A node that
             // sets none has DPDK's default, 1500.
@@ -128,8 +150,7 @@ impl ClusterConfig {
                 ));
             }
         }
-        self.check_peer_table()?;
-        self.check_protocol_whole()
+        Ok(())
     }
 
     fn check_protocol_ranges(&self) -> Result<(), ConfigError> {
@@ -140,6 +161,25 @@ impl ClusterConfig {
                 "protocol.window",
                 format!(
                     "{w} is out of range (want 1..={max} frames: a receiver keeps track of {max} beyond the next one it expects)"
+                ),
+            ));
+        }
+        // The engine would take a value outside the bounds as the bound it
+        // crossed: the setting would do nothing.
+        let d = emx::proto::CoreConfig::default();
+        let us = |v: Option<u64>, dflt: std::time::Duration| v.unwrap_or(dflt.as_micros() as u64);
+        let (lo, hi) = (us(p.rto_min_us, d.rto_min), us(p.rto_max_us, d.rto_max));
+        // (Bounds the wrong way round are the engine's check's, below.)
+        if let Some(v) = p
+            .rto_initial_us
+            .filter(|v| lo <= hi && !(lo..=hi).contains(v))
+        {
+            return Err(self.invalid(
+                "protocol.rto_initial_us",
+                format!(
+                    "{v} is outside rto_min_us..=rto_max_us ({lo}..={hi}), and would be taken \
+                     as the bound it crosses (give a value in it, or move rto_min_us or \
+                     rto_max_us)"
                 ),
             ));
         }

@@ -241,8 +241,9 @@ impl<'de> Deserialize<'de> for Mac {
 pub struct NodeSpec {
     /// Node number, unique in the cluster; frames carry it.
     pub id: u16,
-    /// Name, unique in the cluster, not a number (so that `--node` can take
-    /// either a name or an id), no whitespace.
+    /// Name, unique in the cluster: 1 to 64 ASCII letters, digits, `.`, `_`
+    /// or `-`, not starting with `.` or `-`, and not a number (so that
+    /// `--node` can take either a name or an id).
     pub name: String,
     /// MAC address of its port, or `auto`.
     pub mac: Mac,
@@ -250,7 +251,8 @@ pub struct NodeSpec {
     /// (`net_memif0,role=server,socket=/run/emx/memif.sock`,
     /// `net_af_packet0,iface=eth0`, ...).
     pub port: String,
-    /// Link MTU (default: the driver's).
+    /// Link MTU (default: the driver's, 1500 for most, which the checks take
+    /// it for; every node must have the same).
     #[serde(default)]
     pub mtu: Option<u16>,
     /// CPUs this node polls on. With at least one, a polling thread pinned

@@ -96,9 +96,12 @@
 //! ```
 //!
 //! Keys that the format does not know are errors, in every table. So are
-//! duplicate node ids, names and MACs, duplicate cores or endpoints within a
-//! node, thresholds out of range, an EtherType below 0x0600 and a file without
-//! nodes. Whether a node's cores exist is a property of the machine it runs
+//! duplicate node ids, names and MACs, a multicast or zero MAC, duplicate
+//! cores or endpoints within a node, `spin` without `cores`, thresholds out of
+//! range (`rto_initial_us` outside `rto_min_us..=rto_max_us` among them),
+//! nodes whose MTUs differ, a `memory_mb` too small for a node's mbuf pool,
+//! an EtherType below 0x0600 or one the network takes for its own (IP, ARP,
+//! VLAN tags, LLDP, PAUSE, ...), and a file without nodes. Whether a node's cores exist is a property of the machine it runs
 //! on: [`ClusterConfig::check_cores`] checks that there.
 //!
 //! Every error names the file, the line and the field, and says what was

@@ -168,7 +168,7 @@ fn examples_say_what_they_promise() {
         .check_mac(1, [0xb8, 0xce, 0xf6, 0x10, 0, 9])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("nic-cluster.toml:43: node[0].mac:"), "{e}");
+    assert!(e.contains("nic-cluster.toml:44: node[0].mac:"), "{e}");
     assert!(e.contains("came up as b8:ce:f6:10:00:09"), "{e}");
     assert!(e.contains("set mac = \"b8:ce:f6:10:00:09\""), "{e}");
 }
@@ -229,11 +229,13 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("endpoints-inline.toml", 10, "node[0].endpoints", "2 endpoints need a polling thread (give cores = [N])"),
     ("eager-huge.toml", 7, "protocol.eager_threshold", "must hold one eager message of eager_threshold bytes (9223372036854776064 bytes with its framing)"),
     ("ethertype-vlan.toml", 4, "cluster.ethertype", "0x8100 is an 802.1Q VLAN tag's EtherType"),
+    ("ethertype-pause.toml", 4, "cluster.ethertype", "0x8808 is Ethernet flow control (PAUSE)'s EtherType"),
     ("ethertype-low.toml", 4, "cluster.ethertype", "0x0500 is below 0x0600, where values are frame lengths, not EtherTypes (want 0x0600..=0xffff"),
     ("memory-for-pool.toml", 6, "memory.memory_mb", "128 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000, beside the EAL's and the driver's own memory (give memory_mb more: 210 leaves room for the rest)"),
     ("memory-no-room.toml", 7, "memory.memory_mb", "148 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000, beside"),
     ("missing-port.toml", 11, "node[1].port", "missing (this key is required)"),
     ("mtu-mismatch.toml", 16, "node[1].mtu", "mtu 1500 differs from node[0] \"n1\" at line 5 (mtu 9000): frames longer than a peer's MTU are dropped there (give every node the same mtu)"),
+    ("mtu-first-bad.toml", 9, "node[0].mtu", "50 is out of range (want 140..=65535 bytes)"),
     ("mtu-unset.toml", 12, "node[1].mtu", "no mtu (the default, 1500) differs from node[0] \"n1\" at line 5 (mtu 9000): frames longer than a peer's MTU are dropped there"),
     ("name-dash.toml", 7, "node[0].name", "bad node name \"-n1\" (want 1 to 64 letters, digits, '.', '_' or '-', not starting with '.' or '-')"),
     ("name-slash.toml", 7, "node[0].name", "bad node name \"rack1/n1\" (want 1 to 64 letters, digits, '.', '_' or '-', not starting with '.' or '-')"),
@@ -243,6 +245,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("protocol-ethertype.toml", 6, "protocol.ethertype", "the EtherType belongs in [cluster] (cluster.ethertype), not in [protocol]"),
     ("pull-inflight-range.toml", 6, "protocol.pull_inflight", "9 is out of range (want 1..=8"),
     ("rto-max-huge.toml", 7, "protocol.rto_max_us", "out of range (want at most 3600000000 us, an hour)"),
+    ("rto-initial-below-min.toml", 6, "protocol.rto_initial_us", "500 is outside rto_min_us..=rto_max_us (1000..=100000)"),
     ("rto-order.toml", 7, "protocol.rto_min_us", "rto_min_us (5000 us) must be above 0 and at most rto_max_us (1000 us)"),
     ("syntax.toml", 10, "", "not valid TOML: invalid string; expected `\"`, `'`"),
     ("timers.toml", 7, "protocol.keepalive_us", "keepalive_us (200000 us) must be above 0 and below peer_timeout_us (100000 us)"),
