@@ -426,6 +426,27 @@ impl ClusterConfig {
         let (i, node) = self.index_of(id)?;
         match node.mac {
             Mac::Addr(want) if want != actual => {
+                // Another node's address: this process took the wrong node
+                // (a launcher's ranks in another order than the file's
+                // nodes), and setting the address would hide it.
+                let theirs = self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .find(|(j, n)| *j != i && n.mac == Mac::Addr(actual));
+                if let Some((j, other)) = theirs {
+                    let (mine, port, at) = (&node.name, &node.port, Mac::Addr(actual));
+                    let name = &other.name;
+                    return Err(self.invalid(
+                        &format!("node[{i}].mac"),
+                        format!(
+                            "this process took node {mine:?}, but its port {port:?} came up \
+                             as {at}, node[{j}] {name:?}'s address (a launcher's ranks in \
+                             another order than the [[node]] tables?): start it with --node \
+                             {name} (or EMX_NODE={name}), or order the tables as the ranks"
+                        ),
+                    ));
+                }
                 let made_up = node.port.starts_with("net_memif")
                     && !node.port.split(',').any(|kv| kv.trim().starts_with("mac="));
                 let fix = if made_up {

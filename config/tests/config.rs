@@ -171,6 +171,19 @@ fn examples_say_what_they_promise() {
     assert!(e.contains("nic-cluster.toml:44: node[0].mac:"), "{e}");
     assert!(e.contains("came up as b8:ce:f6:10:00:09"), "{e}");
     assert!(e.contains("set mac = \"b8:ce:f6:10:00:09\""), "{e}");
+    // Another node's address: the process took the wrong node (launcher
+    // ranks in another order than the tables), and setting the address would
+    // only hide it; it says which node this is.
+    let e = nic
+        .check_mac(1, [0xb8, 0xce, 0xf6, 0x10, 0, 2])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("node[0].mac: this process took node \"n01\""),
+        "{e}"
+    );
+    assert!(e.contains("node[1] \"n02\"'s address"), "{e}");
+    assert!(e.contains("--node n02") && !e.contains("set mac"), "{e}");
 }
 
 /// A memif port makes its address up unless its devargs give one: the check
