@@ -1209,6 +1209,8 @@ mod tests {
                 }
             });
             let port = rx.recv().unwrap();
+            // Set however this side ends (a panic too): the echo then stops.
+            let _stop = SetOnDrop(stop);
             let r = {
                 let _ns = enter_guard(pair, 0).unwrap();
                 ping_udp(
@@ -1221,7 +1223,6 @@ mod tests {
                     Some(3),
                 )
             };
-            stop.store(true, Ordering::Release);
             r
         })
         .expect("UDP ping-pong with a lost datagram");
@@ -1275,20 +1276,26 @@ mod tests {
     fn tcp_echo_dying_is_an_error_not_a_hang() {
         let pair = pair();
         let t0 = Instant::now();
+        let stop = AtomicBool::new(false);
         let r = std::thread::scope(|s| {
             let (tx, rx) = mpsc::channel();
-            let pair = &pair;
-            // An echo that answers once, then closes.
+            let (pair, stop) = (&pair, &stop);
+            // An echo that answers once, then closes. (Its accept gives up
+            // when the pinger has: it waited for good on a pinger that
+            // could not connect.)
             s.spawn(move || {
                 pair.enter(1).unwrap();
                 let l = TcpListener::bind((pair.ip[1], 0)).unwrap();
                 tx.send(l.local_addr().unwrap().port()).unwrap();
-                let (mut c, _) = l.accept().unwrap();
+                let Ok(mut c) = accept_one(&l, stop) else {
+                    return;
+                };
                 let mut buf = [0u8; 8];
                 c.read_exact(&mut buf).unwrap();
                 c.write_all(&buf).unwrap();
             });
             let port = rx.recv().unwrap();
+            let _stop = SetOnDrop(stop);
             let _ns = enter_guard(pair, 0).unwrap();
             ping_tcp(
                 SocketAddr::from((pair.ip[1], port)),

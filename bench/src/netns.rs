@@ -763,7 +763,15 @@ mod tests {
             let mut child = helper("signal_setup_helper");
             let pid = child.id();
             let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-            while !matches!(lines.next(), Some(Ok(l)) if l.contains("EMXB-READY")) {}
+            // (Its output ending first, a helper that exited without
+            // starting, fails here: it spun for good.)
+            loop {
+                match lines.next() {
+                    Some(Ok(l)) if l.contains("EMXB-READY") => break,
+                    Some(Ok(_)) => {}
+                    other => panic!("round {round}: the helper did not start: {other:?}"),
+                }
+            }
             std::thread::sleep(Duration::from_millis(delay_ms));
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
