@@ -342,13 +342,26 @@ fn ip(args: &[&str]) -> Result<(), String> {
         // Killed, or crashed: its status is all there is to say.
         msg = out.status.to_string();
     }
+    let hint = hint_for(&msg, nix::unistd::geteuid().is_root());
+    Err(format!("`ip {}` failed: {msg}{hint}", args.join(" ")))
+}
+
+/// Root without the capabilities network namespaces need (a container's
+/// default set).
+const NEED_CAPS: &str = "the veth link needs CAP_SYS_ADMIN and CAP_NET_ADMIN (network \
+                         namespaces), which this root lacks: in a container, run it with \
+                         --privileged (or --cap-add SYS_ADMIN --cap-add NET_ADMIN)";
+
+/// What to do about an `ip` failure that says `msg`, as root or not.
+fn hint_for(msg: &str, root: bool) -> String {
     let lower = msg.to_lowercase();
-    let hint = if lower.contains("permission denied") || lower.contains("operation not permitted") {
-        format!(": {NEED_ROOT}")
+    if lower.contains("permission denied") || lower.contains("operation not permitted") {
+        format!(": {}", if root { NEED_CAPS } else { NEED_ROOT })
+    } else if lower.contains("unknown device type") {
+        ": this kernel has no veth driver: `modprobe veth` on the host (CONFIG_VETH)".to_string()
     } else {
         String::new()
-    };
-    Err(format!("`ip {}` failed: {msg}{hint}", args.join(" ")))
+    }
 }
 
 /// Whether `ip netns` has a namespace called `name`.
@@ -446,8 +459,18 @@ fn setns_fd(f: &File, what: &str) -> Result<(), String> {
     match nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EPERM) => Err(format!(
-            "cannot enter {what}: {}: {NEED_ROOT}",
-            nix::errno::Errno::EPERM.desc()
+            "cannot enter {what}: {}: {}",
+            nix::errno::Errno::EPERM.desc(),
+            if nix::unistd::geteuid().is_root() {
+                NEED_CAPS
+            } else {
+                NEED_ROOT
+            }
+        )),
+        Err(nix::errno::Errno::EINVAL) => Err(format!(
+            "cannot enter {what}: {}: this kernel has no network namespaces \
+             (CONFIG_NET_NS)",
+            nix::errno::Errno::EINVAL.desc()
         )),
         Err(e) => Err(format!("cannot enter {what}: {}", e.desc())),
     }
@@ -566,6 +589,18 @@ mod tests {
             });
         });
         assert!(pair.enter(2).is_err());
+    }
+
+    /// An `ip` failure's hint names the fix: root for a user, capabilities
+    /// for a root that lacks them (a container), the veth module.
+    #[test]
+    fn ip_failures_name_their_fix() {
+        let denied = "mount --make-shared /run/netns failed: Operation not permitted";
+        assert_eq!(hint_for(denied, false), format!(": {NEED_ROOT}"));
+        assert!(hint_for(denied, true).contains("CAP_SYS_ADMIN"));
+        assert!(hint_for(denied, true).contains("--privileged"));
+        assert!(hint_for("Error: Unknown device type.", true).contains("modprobe veth"));
+        assert_eq!(hint_for("RTNETLINK answers: File exists", true), "");
     }
 
     #[test]
