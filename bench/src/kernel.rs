@@ -175,7 +175,10 @@ pub fn pingpong(
             .join()
             .unwrap_or_else(|_| Err("echo thread panicked".to_string()));
         match (result, echo_result) {
-            (Err(e), _) => Err(e),
+            // The echo's failure is often the cause of the pinger's (a
+            // closed connection, no answer): both are told.
+            (Err(e), Err(why)) => Err(format!("{e} (echo side: {why})")),
+            (Err(e), Ok(())) => Err(e),
             (Ok(_), Err(e)) => Err(format!("echo side: {e}")),
             (Ok(r), Ok(())) => Ok(r),
         }
