@@ -615,7 +615,7 @@ fn resent(o: &mut String, rows: &[Row]) {
         let _ = writeln!(
             o,
             "  (a frame that arrived twice was not lost: it was sent again when its \
-             retransmission timeout, `[protocol] rto_min` at least, ran out while its \
+             retransmission timeout, `[protocol] rto_min_us` at least, ran out while its \
              receiver was still working through the frames ahead of it or was off its CPU, \
              or its acknowledgement was on the way)"
         );
@@ -979,7 +979,7 @@ mod tests {
              \x20 Bandwidth emx 1M: 812 of 20000 frames (4.060%); none arrived twice\n\
              \x20 Bandwidth emx 8M: 3 of 300000 frames (0.001%)\n\
              \x20 (a frame that arrived twice was not lost: it was sent again when its \
-             retransmission timeout, `[protocol] rto_min` at least, ran out while its \
+             retransmission timeout, `[protocol] rto_min_us` at least, ran out while its \
              receiver was still working through the frames ahead of it or was off its CPU, \
              or its acknowledgement was on the way)\n"
         );

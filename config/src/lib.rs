@@ -23,7 +23,7 @@
 //! let text = r#"
 //! [cluster]
 //! id = 7                  # cluster id, u16 (required): frames of other clusters are dropped
-//! ethertype = 0x88B5      # EtherType, >= 0x0600 [0x88B5, IEEE local experimental]
+//! ethertype = 0x88B5      # EtherType, >= 0x0600, not one the network uses (below) [0x88B5, IEEE local experimental]
 //!
 //! [protocol]
 //! eager_threshold = 32768     # messages up to this many bytes go eager, longer ones rendezvous [32768]
@@ -37,7 +37,7 @@
 //! max_peers = 64              # peer table: at least every remote endpoint [64]
 //! max_sends = 1024            # outstanding sends [1024]
 //! max_recvs = 1024            # outstanding receives [1024]
-//! rto_initial_us = 2000       # retransmission timeout before the first RTT sample (within rto_min..rto_max) [1000]
+//! rto_initial_us = 2000       # retransmission timeout before the first RTT sample (must lie within rto_min_us..=rto_max_us) [1000]
 //! rto_min_us = 2000           # least retransmission timeout; raise it where receivers stall (VMs, slow links) [1000]
 //! rto_max_us = 100000         # most retransmission timeout, after backoff [100000]
 //! ack_delay_us = 20           # an ack waits this long for a reply to ride on, below rto_min_us [20]
