@@ -313,6 +313,33 @@ fn a_dry_pool_is_counted_and_outlived() {
     assert_eq!(a.build_failures(), 0, "frames waited; none was lost");
 }
 
+/// Payload copied into frames counts the bytes of packed messages too (it
+/// counted none of a PACK's: 20 small messages read as a few bytes copied).
+#[test]
+fn packed_messages_count_as_copied() {
+    let clock = Clock::new();
+    let (ia, ib) = MemNetwork::pair(1500);
+    let (ma, mb) = (ia.mac(), ib.mac());
+    let mut a = driver(ia, 1, (2, mb), &clock);
+    let mut b = driver(ib, 2, (1, ma), &clock);
+    exchange(&mut a, &mut b, &[1], &clock);
+    fn peer<L: PacketIo>(a: &mut Driver<L>) -> emx::proto::PeerStats {
+        let core = a.core();
+        let id = core.peer_id(Addr::new(2, 0)).unwrap();
+        *core.peer_stats(id).unwrap()
+    }
+    let (copied, before) = (a.io_stats().payload_copied, peer(&mut a));
+    exchange(&mut a, &mut b, &[8; 20], &clock);
+    let after = peer(&mut a);
+    assert!(after.msgs_packed > before.msgs_packed, "{after:?}");
+    let resent = after.retransmits - before.retransmits;
+    let n = a.io_stats().payload_copied - copied;
+    assert!(
+        n >= 160 && n <= 160 + resent * 20 * 8,
+        "{n} bytes copied for 160"
+    );
+}
+
 #[test]
 fn idle_drivers_make_no_progress() {
     let clock = Clock::new();

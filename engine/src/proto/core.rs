@@ -2221,10 +2221,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.peers[p as usize].rto_at = now + rto;
         }
         let mut t = self.finish_emit(p, &h, buf, payload, inline);
-        if f.kind != FrameType::Pack {
-            // A payload, not records.
-            t.copied = inline;
-        }
+        // The messages' bytes: a PACK's records, their headers besides.
+        t.copied = if f.kind == FrameType::Pack {
+            inline - f.len as usize * PACK_RECORD_LEN
+        } else {
+            inline
+        };
         t
     }
 
