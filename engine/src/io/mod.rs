@@ -226,7 +226,8 @@ pub trait Frame {
     /// Copies the whole frame into `out` (cleared first), across segments.
     fn copy_to(&self, out: &mut Vec<u8>);
     /// The bytes to modify in place, when the frame owns them (one direct
-    /// segment); used to corrupt frames on purpose.
+    /// segment): where the driver writes each header (and the fault
+    /// injector corrupts frames).
     fn bytes_mut(&mut self) -> Option<&mut [u8]>;
     /// Keeps this (contiguous) frame for the application, which reads bytes
     /// `offset..offset + len` of it in place.

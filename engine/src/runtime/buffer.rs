@@ -67,8 +67,9 @@ pub enum RecvBuf {
     /// No memory: a receive that borrows the frame. It takes messages up to
     /// the eager threshold (a longer one is truncated to it). A one-frame
     /// message comes back as [`RecvBuf::Lent`], with no copy; any other (one
-    /// that arrived before the receive was posted, or spans frames) comes
-    /// back copied into a [`RecvBuf::Owned`] of its length.
+    /// that arrived before the receive was posted, spans frames, came packed
+    /// with others, or in a frame of several segments) comes back copied
+    /// into a [`RecvBuf::Owned`] of its length, allocated then.
     Lending,
     /// A message in the frame it arrived in (see [`Lent`]). Read it with
     /// `as_ref()`; dropping it gives the frame back to the port.

@@ -1,8 +1,10 @@
-//! The driver: one protocol core joined to one packet I/O link. One call of
-//! [`Driver::progress`] sends what the application queued since the last
-//! call, runs due timers, receives a burst and feeds it to the core, then
-//! builds the core's outgoing frames in place and sends them as a burst. Whoever owns the driver (a polling thread, or an application thread
-//! in inline mode) calls it; nothing else touches the core or the link.
+//! The driver: protocol cores (one per local endpoint) joined to one packet
+//! I/O link. One call of [`Driver::progress`] sends what the application
+//! queued since the last call, receives a burst and feeds each frame to the
+//! core it is for, runs due timers, then builds the cores' outgoing frames
+//! in place and sends them as a burst. Whoever owns the driver (a polling
+//! thread, or an application thread in inline mode) calls it; nothing else
+//! touches the cores or the link.
 
 use std::time::Instant;
 
@@ -205,10 +207,10 @@ impl<L: PacketIo> Driver<L> {
     }
 
     /// Joins several cores (one per local endpoint, each with its own
-    /// endpoint id and at most 255 of them) to one link.
+    /// endpoint id and at most 254 of them) to one link.
     ///
     /// # Panics
-    /// When `cores` is empty, holds more than 255 cores, or two cores share an
+    /// When `cores` is empty, holds more than 254 cores, or two cores share an
     /// endpoint id: a configuration the engine refuses before it gets here.
     pub fn with_cores(mut cores: Vec<RuntimeCore>, io: L) -> Driver<L> {
         assert!(
@@ -292,9 +294,10 @@ impl<L: PacketIo> Driver<L> {
         s
     }
 
-    /// Frames taken from the core and dropped unsent: no room for a header,
-    /// or no segment to attach the payload with. The core retransmits what
-    /// was lost this way. (Frames that wait for want of a buffer to start
+    /// Frames that could not be built: no room for a header in a new
+    /// buffer (nothing was taken from the core then), or no segment to
+    /// attach a payload with (a frame taken from the core and dropped,
+    /// which it retransmits). (Frames that wait for want of a buffer to start
     /// them are not lost: [`IoStats::tx_no_buffer`] counts those rounds.)
     pub fn build_failures(&self) -> u64 {
         self.build_failures
@@ -337,7 +340,7 @@ impl<L: PacketIo> Driver<L> {
         // inline isend) leaves before the link is polled, not after an empty
         // receive and the timers: one poll less on every message's way out.
         // Only when a core has something: a backlog left by a full link
-        // waits for the pass below, one send attempt per call as before.
+        // alone waits for the pass below.
         let mut p = Progress::default();
         if self.cores.iter().any(|c| c.may_transmit()) {
             p.sent = self.transmit(now);
