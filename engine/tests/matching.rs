@@ -366,6 +366,24 @@ fn matched_messages_give_their_credit_back_without_waiting_for_the_delayed_ack()
     );
 }
 
+/// How many messages of how many bytes [`credit_stall`] sends.
+const STALL_N: u64 = 40;
+const STALL_LEN: usize = 4000;
+
+/// A stream that stalls on credit: core 0 sends `STALL_N` messages of
+/// `STALL_LEN` bytes to core 1, which posts no receive; returns the
+/// simulation and when they were sent.
+fn credit_stall() -> (TestSim, Time) {
+    let mut sim = make_sim(2, near_link(), &small_credit());
+    let now = sim.now();
+    for i in 0..STALL_N {
+        sim.core(0)
+            .send(now, addr(1), i, pattern(i, STALL_LEN), i)
+            .unwrap();
+    }
+    (sim, now)
+}
+
 /// A sender held back by a receiver whose store stays full probes it (its
 /// credit update may have been lost) less and less often, as TCP's persist
 /// timer does, down to one probe per `keepalive`; it probed every `rto_min`
@@ -373,16 +391,7 @@ fn matched_messages_give_their_credit_back_without_waiting_for_the_delayed_ack()
 /// messages, the stream goes on at once.
 #[test]
 fn a_sender_stalled_on_credit_backs_off_its_probes() {
-    const N: u64 = 40;
-    const LEN: usize = 4000;
-    let cfg = small_credit();
-    let mut sim = make_sim(2, near_link(), &cfg);
-    let now = sim.now();
-    for i in 0..N {
-        sim.core(0)
-            .send(now, addr(1), i, pattern(i, LEN), i)
-            .unwrap();
-    }
+    let (mut sim, now) = credit_stall();
     let sent = |sim: &TestSim| {
         let c = sim.core_ref(0);
         c.peer_stats(c.peer_id(addr(1)).unwrap())
@@ -411,14 +420,14 @@ fn a_sender_stalled_on_credit_backs_off_its_probes() {
     // The receiver takes everything; the stream resumes without waiting for
     // a probe.
     let now = sim.now();
-    for i in 0..N {
+    for i in 0..STALL_N {
         sim.core(1)
-            .post_recv(now, Some(addr(0)), i, !0, vec![0; LEN], i)
+            .post_recv(now, Some(addr(0)), i, !0, vec![0; STALL_LEN], i)
             .unwrap();
     }
-    await_exchange(&mut sim, now + Duration::from_millis(2), N, |k, r| {
+    await_exchange(&mut sim, now + Duration::from_millis(2), STALL_N, |k, r| {
         assert_eq!(r.result.unwrap().match_bits, k);
-        assert!(r.buf == pattern(k, LEN));
+        assert!(r.buf == pattern(k, STALL_LEN));
     });
 }
 
@@ -427,17 +436,8 @@ fn a_sender_stalled_on_credit_backs_off_its_probes() {
 /// after `rto_max` (100 ms), to which the probes had backed the timer off.
 #[test]
 fn a_lost_pull_to_a_peer_stalled_on_credit_goes_again_soon() {
-    const N: u64 = 40;
-    const LEN: usize = 4000;
     const BIG: usize = 64 * 1024;
-    let cfg = small_credit();
-    let mut sim = make_sim(2, near_link(), &cfg);
-    let now = sim.now();
-    for i in 0..N {
-        sim.core(0)
-            .send(now, addr(1), i, pattern(i, LEN), i)
-            .unwrap();
-    }
+    let (mut sim, now) = credit_stall();
     // Stalled, and probing less and less often.
     sim.run_until(now + Duration::from_millis(100), |_| false);
     // The other way, a rendezvous message whose first PULL is lost.
