@@ -451,8 +451,10 @@ fn pid_alive(pid: i32) -> bool {
 }
 
 /// Removes namespaces `emxb-<pid>-<n>-<side>-p<ns>` left by processes of
-/// this pid namespace that are dead. Another pid namespace's are left alone:
-/// its pids mean nothing here.
+/// this pid namespace that are dead, or whose pid another process took since
+/// (it started after the namespace was made: in a container pids are small
+/// and soon reused, and such a namespace stayed until that process ended).
+/// Another pid namespace's are left alone: its pids mean nothing here.
 fn remove_stale() {
     let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
         return;
@@ -461,11 +463,56 @@ fn remove_stale() {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some((pid, ns)) = owner_pid(&name) {
-            if ns.is_none_or(|ns| ns == pid_ns()) && pid != me && !pid_alive(pid) {
-                delete_namespace(&name);
+            if ns.is_none_or(|ns| ns == pid_ns()) && pid != me {
+                let made = entry.metadata().and_then(|m| m.modified()).ok();
+                let reused = made.is_some_and(|made| started_after(started_at(pid), made));
+                if reused || !pid_alive(pid) {
+                    delete_namespace(&name);
+                }
             }
         }
     }
+}
+
+/// /proc's clock ticks a second (`USER_HZ`: 100 on Linux, whatever the
+/// kernel's own tick).
+const USER_HZ: f64 = 100.0;
+
+/// When process `pid` started, in seconds since the epoch (to a tick), if
+/// /proc tells.
+fn started_at(pid: i32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22, the start in ticks since boot; the fields after the name
+    // (which may hold anything) start with the 3rd.
+    let ticks: f64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
+    Some(now - uptime + ticks / USER_HZ)
+}
+
+/// Whether a process that started at `started` (seconds since the epoch)
+/// came after a namespace made at `made`: then it cannot be the one that
+/// made it. A second's margin, for the clocks' resolutions and steps: a
+/// live owner is never taken for another.
+fn started_after(started: Option<f64>, made: std::time::SystemTime) -> bool {
+    let Ok(made) = made.duration_since(std::time::UNIX_EPOCH) else {
+        return false;
+    };
+    started.is_some_and(|s| s > made.as_secs_f64() + 1.0)
 }
 
 /// `setns(CLONE_NEWNET)` on the namespace file at `path`, for the calling thread.
@@ -682,6 +729,45 @@ mod tests {
         assert_eq!(owner_pid("emxb-123-0"), None);
         assert_eq!(owner_pid("other-123-4-0"), None);
         assert_eq!(owner_pid("emxb-x-4-0"), None);
+    }
+
+    /// A pid taken by a process that started after the namespace named for
+    /// it was made is not its maker's; one that started before may be.
+    #[test]
+    fn a_pid_reused_since_the_namespace_was_made_is_not_its_owner() {
+        let made = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert!(started_after(Some(1_000_002.0), made));
+        assert!(!started_after(Some(1_000_000.5), made), "within the margin");
+        assert!(!started_after(Some(999_990.0), made));
+        assert!(!started_after(None, made));
+        // This process started before now, to a tick.
+        let me = started_at(std::process::id() as i32).unwrap();
+        assert!(!started_after(Some(me), std::time::SystemTime::now()));
+        assert!(started_after(
+            Some(me),
+            std::time::SystemTime::now() - Duration::from_secs(3600 * 24 * 365)
+        ));
+    }
+
+    /// A live run's namespaces are kept: its process started before it
+    /// made them.
+    #[test]
+    fn a_live_owners_namespace_is_kept() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("{NEED_ROOT}");
+        }
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let name = format!("{NS_PREFIX}{}-0-0-p{}", child.id(), pid_ns());
+        ip(&["netns", "add", &name]).expect("make a namespace");
+        remove_stale();
+        let kept = namespace_exists(&name);
+        delete_namespace(&name);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(kept, "a live owner's {name} was removed");
     }
 
     #[test]
