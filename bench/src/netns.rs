@@ -247,7 +247,8 @@ impl Drop for VethPair {
 /// nothing behind.
 ///
 /// The handler is a thread waiting on the signals (signal-hook), so the
-/// deletion runs outside signal context. [`VethPair::create`] does not install
+/// deletion runs outside signal context. A second signal exits at once,
+/// without waiting for the cleanup. [`VethPair::create`] does not install
 /// it: call this once at start-up, before the first pair is made. Later calls
 /// do nothing.
 pub fn cleanup_on_signal() {
@@ -265,6 +266,25 @@ pub fn cleanup_on_signal() {
             .name("netns-cleanup".into())
             .spawn(move || {
                 if let Some(sig) = signals.forever().next() {
+                    // A second signal ends the process at once, should the
+                    // cleanup hang (an `ip` under way that never returns):
+                    // signal-hook keeps catching them, so it was swallowed.
+                    let again = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]);
+                    if let Ok(mut again) = again {
+                        let _ = std::thread::Builder::new()
+                            .name("netns-cleanup-2".into())
+                            .spawn(move || {
+                                if let Some(sig) = again.forever().next() {
+                                    eprintln!(
+                                        "emx-bench: a second signal: exiting without the \
+                                         cleanup; namespaces {NS_PREFIX}{}-* may remain (the \
+                                         next veth run removes them, or `ip netns delete` them)",
+                                        std::process::id()
+                                    );
+                                    std::process::exit(128 + sig);
+                                }
+                            });
+                    }
                     // Held until exit: `ip` commands under way end first, and
                     // no other starts (one would make what this loop missed).
                     let mut gate = IP_GATE.write().unwrap_or_else(|p| p.into_inner());
