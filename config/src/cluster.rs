@@ -556,6 +556,13 @@ impl ClusterConfig {
         self.loc.line(path)
     }
 
+    /// An error at `path` (`protocol.max_recvs`, `node[1].mac`) found by
+    /// the file's user, with the file and the line, as the crate's own
+    /// checks give theirs: `cluster.toml:7: protocol.max_recvs: <problem>`.
+    pub fn error_at(&self, path: &str, problem: impl Into<String>) -> ConfigError {
+        self.invalid(path, problem)
+    }
+
     /// An error at `path`, on its line (or its table's, when the file leaves
     /// it to its default).
     pub(crate) fn invalid(&self, path: &str, problem: impl Into<String>) -> ConfigError {

@@ -152,11 +152,18 @@ fn too_few_receive_slots_for_the_responder_is_a_configuration_error() {
     } else {
         format!("{text}\n[protocol]\nmax_recvs = 4\n")
     };
-    std::fs::write(&file, text).unwrap();
+    std::fs::write(&file, &text).unwrap();
     let o = emxd(&["--config", file.to_str().unwrap(), "--node", "server"]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("protocol.max_recvs: 4 is too few"), "{err}");
+    // On its line, as the file's own checks say theirs.
+    let line = 1 + text.lines().position(|l| l == "max_recvs = 4").unwrap();
+    assert!(
+        err.contains(&format!(
+            "few.toml:{line}: protocol.max_recvs: 4 is too few"
+        )),
+        "{err}"
+    );
 }
 
 /// The example cluster with the server's port on a driver that does not

@@ -112,11 +112,13 @@ fn run(args: Args) -> Result<(), Failure> {
     let region_bytes = cluster.memory().region_bytes();
     let max = ops::max_message(region_bytes / n_eps);
     if max == 0 {
-        return Err(Failure::Config(format!(
-            "{}: memory.region_mb: {} MiB is too small for {n_eps} endpoints' responders",
-            cluster.origin(),
+        let problem = format!(
+            "{} MiB is too small for {n_eps} endpoints' responders",
             cluster.memory().region_mb
-        )));
+        );
+        return Err(Failure::Config(
+            cluster.error_at("memory.region_mb", problem).to_string(),
+        ));
     }
 
     // Each endpoint's responder keeps its ECHO and SINK receives posted, and
@@ -129,15 +131,16 @@ fn run(args: Args) -> Result<(), Failure> {
         .max_recvs
         .unwrap_or(emx::proto::CoreConfig::default().max_recvs);
     if max_recvs < need {
-        return Err(Failure::Config(format!(
-            "{}: protocol.max_recvs: {max_recvs} is too few for emxd on node {:?}: its responder \
-             keeps {} receives posted and one for each of its {} peer endpoints (want at least \
-             {need})",
-            cluster.origin(),
+        let problem = format!(
+            "{max_recvs} is too few for emxd on node {:?}: its responder keeps {} receives \
+             posted and one for each of its {} peer endpoints (want at least {need})",
             spec.name,
             ops::ECHO_SLOTS + ops::SINK_SLOTS,
             node_cfg.engine.peers.len()
-        )));
+        );
+        return Err(Failure::Config(
+            cluster.error_at("protocol.max_recvs", problem).to_string(),
+        ));
     }
 
     let stop = Arc::new(AtomicBool::new(false));
