@@ -211,6 +211,15 @@ pub enum Error {
     /// A configuration value DPDK cannot use.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// No lcore id left for a thread to register (`rte_thread_register`'s
+    /// ENOMEM, which is not about memory).
+    #[error(
+        "no lcore id left for this thread: DPDK has RTE_MAX_LCORE of them (128 in Debian's \
+         build), all held by its lcores and by registered threads; drop the registrations of \
+         threads that no longer poll (an engine's inline endpoint holds its thread's until that \
+         thread ends)"
+    )]
+    LcoresExhausted,
     /// Any other DPDK call that failed.
     #[error("{call} failed: {errno}")]
     Call {

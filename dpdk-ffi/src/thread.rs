@@ -4,7 +4,7 @@
 use std::marker::PhantomData;
 
 use crate::eal::Eal;
-use crate::error::{Result, ToResult};
+use crate::error::{Errno, Error, Result};
 use crate::sys;
 
 /// This thread's registration with DPDK (`rte_thread_register`). Dropping it
@@ -33,7 +33,22 @@ impl ThreadRegistration {
             });
         }
         // SAFETY: the EAL is running (we hold a handle).
-        unsafe { sys::rte_thread_register() }.check("rte_thread_register")?;
+        if unsafe { sys::rte_thread_register() } != 0 {
+            let errno = Errno::last();
+            return Err(match errno.0 {
+                libc::ENOMEM => Error::LcoresExhausted,
+                libc::EINVAL => Error::Config(
+                    "rte_thread_register refused: the EAL runs with multi-process support, \
+                     where DPDK registers no thread; start it with --in-memory or --no-shconf \
+                     (EalBuilder does)"
+                        .into(),
+                ),
+                _ => Error::Call {
+                    call: "rte_thread_register",
+                    errno,
+                },
+            });
+        }
         // SAFETY: as above.
         let lcore = unsafe { sys::rte_lcore_id() };
         Ok(ThreadRegistration {

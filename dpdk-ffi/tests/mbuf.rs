@@ -276,3 +276,39 @@ fn a_full_burst_fills_nothing_and_a_shared_mbuf_is_left_alone() {
     unsafe { (*m.as_ptr()).refcnt = 1 };
     buf.attach(&mut m, 0, 64).unwrap();
 }
+
+/// Threads past DPDK's lcore ids are told so, not that memory ran out (its
+/// ENOMEM); the ids come back when the threads drop their registrations, as
+/// many times as threads come and go.
+#[test]
+fn lcore_ids_run_out_with_a_clear_error_and_come_back() {
+    let eal = eal(HugepageMode::Never);
+    const N: usize = 140;
+    let barrier = std::sync::Barrier::new(N);
+    let results: Vec<Result<bool, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..N)
+            .map(|_| {
+                s.spawn(|| {
+                    let r = ThreadRegistration::register(&eal);
+                    // All at once: every registration held here.
+                    barrier.wait();
+                    match r {
+                        Ok(reg) => Ok(reg.is_new()),
+                        Err(Error::LcoresExhausted) => Err(Error::LcoresExhausted.to_string()),
+                        Err(e) => panic!("not the lcore ids: {e}"),
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let refused: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(!refused.is_empty(), "140 threads all registered");
+    assert!(refused[0].contains("RTE_MAX_LCORE"), "{}", refused[0]);
+    // Given back: threads coming and going one at a time all register.
+    for _ in 0..300 {
+        std::thread::scope(|s| {
+            s.spawn(|| ThreadRegistration::register(&eal).map(|_| ()).unwrap());
+        });
+    }
+}
