@@ -28,16 +28,28 @@ pub(crate) fn expected(msg: &[u8]) -> bool {
         || has(b"Failed to register mp action callback: Operation not supported")
 }
 
-/// The log stream's write function: DPDK calls it once a message.
+/// The lines of `chunk` to keep: all but the two warnings, each line judged
+/// on its own. A chunk may hold several messages: DPDK formats a message and
+/// flushes it in two stdio calls, and another thread's message can land in
+/// the stream's buffer between them (filtered as a whole, the warning took
+/// the other message with it).
+fn kept(chunk: &[u8]) -> impl Iterator<Item = &[u8]> {
+    chunk
+        .split_inclusive(|&b| b == b'\n')
+        .filter(|line| !expected(line))
+}
+
+/// The log stream's write function: DPDK calls it once a message, or more.
 unsafe extern "C" fn write(_cookie: *mut c_void, buf: *const c_char, size: usize) -> isize {
     if size == 0 {
         return 0;
     }
     // SAFETY: stdio hands over `size` readable bytes at `buf` for this call.
-    let msg = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) };
-    if !expected(msg) {
+    let chunk = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) };
+    let mut err = std::io::stderr().lock();
+    for line in kept(chunk) {
         // Nowhere to report a failed write to stderr; stdio is told all went.
-        let _ = std::io::stderr().write_all(msg);
+        let _ = err.write_all(line);
     }
     size as isize
 }
@@ -54,7 +66,15 @@ pub(crate) fn filter() {
 
 #[cfg(test)]
 mod tests {
-    use super::expected;
+    use super::{expected, kept};
+
+    /// A warning and another thread's message in one chunk: the other stays.
+    #[test]
+    fn another_message_in_the_warnings_chunk_is_kept() {
+        let chunk = b"rte_pmd_memif_probe(): Failed to register mp action callback: Operation not supported\nmemif_rx(): real error\nEAL: No free 2048 kB hugepages reported on node 1\npartial";
+        let out: Vec<u8> = kept(chunk).flatten().copied().collect();
+        assert_eq!(out, b"memif_rx(): real error\npartial");
+    }
 
     #[test]
     fn the_two_warnings_are_expected() {
