@@ -57,10 +57,12 @@ pub(crate) fn interrupt_wait_error(ret: i32) -> String {
 }
 
 /// The EAL interrupt thread held parked (see [`hold_interrupts`]) until this
-/// is dropped, inside the control path it was taken in.
+/// is dropped, inside the control path it was taken in, on its thread (not
+/// `Send`: the hold is the thread's, and its drop releases that thread's).
 pub(crate) struct InterruptsHeld<'a> {
     held: bool,
     _control: std::marker::PhantomData<&'a Control>,
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 /// Parks the EAL interrupt thread until the value returned is dropped, so that
@@ -103,6 +105,7 @@ pub(crate) fn hold_interrupts(_control: &Control) -> InterruptsHeld<'_> {
     InterruptsHeld {
         held,
         _control: std::marker::PhantomData,
+        _not_send: std::marker::PhantomData,
     }
 }
 
