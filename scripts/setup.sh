@@ -81,7 +81,18 @@ if [ -n "$need" ] && ! printf '%s\n%s\n' "$need" "${have:-0}" | sort -V -C; then
 fi
 if [ "$TEST" = 1 ] && ! cargo nextest --version >/dev/null 2>&1; then
   say "installing cargo-nextest (the test runner: one process per test, as DPDK needs)"
-  cargo install --locked --quiet cargo-nextest
+  # Its newest needs a newer Rust than emx does (1.91 in 2026-11): on an
+  # older one, the last release that builds there (the crate's rust-version
+  # history).
+  nextest=
+  for step in 1.91: 1.89:0.9.128 1.88:0.9.114 1.87:0.9.109 1.86:0.9.106 \
+              1.85:0.9.100 1.81:0.9.96; do
+    if printf '%s\n%s\n' "${step%%:*}" "${have:-0}" | sort -V -C; then
+      nextest=${step#*:}
+      break
+    fi
+  done
+  cargo install --locked --quiet cargo-nextest ${nextest:+--version "$nextest"}
 fi
 
 # Hugepages: best effort. Without them everything runs with --no-huge.
