@@ -278,6 +278,31 @@ impl ClusterConfig {
                 "spin needs a polling core to spin on (give cores = [N])",
             ));
         }
+        if let Some(us) = n.idle_sleep_us {
+            let range = emx::runtime::IDLE_SLEEP_US;
+            let problem = if n.cores.is_empty() {
+                Some(format!(
+                    "idle_sleep_us = {us} is a polling thread's, and an inline node has none \
+                     (give cores = [N], or drop idle_sleep_us)"
+                ))
+            } else if n.spin {
+                Some(format!(
+                    "idle_sleep_us = {us} with spin = true: a spinning polling thread never \
+                     sleeps (drop one of the two)"
+                ))
+            } else if !range.contains(&us) {
+                Some(format!(
+                    "idle_sleep_us = {us} (want {} to {} microseconds)",
+                    range.start(),
+                    range.end()
+                ))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                return Err(self.invalid(&at("idle_sleep_us"), problem));
+            }
+        }
         if n.endpoints.is_empty() || n.endpoints.len() > 64 {
             return Err(self.invalid(
                 &at("endpoints"),

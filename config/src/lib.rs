@@ -63,6 +63,7 @@
 //! mtu = 1500                      # link MTU [the driver's]; memif takes up to 9000
 //! cores = [1]                     # polling cores: a polling thread on the first; none: inline [[]]
 //! spin = false                    # never back off when idle (isolated core; needs cores) [false]
+//! idle_sleep_us = 2000            # longest idle sleep of the polling thread, 20-1000000 us (needs cores, not spin) [1000]
 //! endpoints = [0, 1]              # endpoint numbers; more than one needs cores [[0]]
 //! eal_args = []                   # further EAL arguments, as they are [[]]
 //!
@@ -90,6 +91,7 @@
 //! // Node alpha's: a polling thread on core 1; beta's MAC is learnt at run time.
 //! let alpha = cluster.node_config(1)?;
 //! assert_eq!(alpha.engine.progress, ProgressMode::Thread { core: Some(1), spin: false });
+//! assert_eq!(alpha.engine.idle_sleep_us, 2000);
 //! assert_eq!(alpha.engine.peers.len(), 1);
 //! assert_eq!(alpha.engine.peers[0].mac, emx::runtime::AUTO_MAC);
 //! # Ok::<(), emx_config::ConfigError>(())
@@ -97,7 +99,8 @@
 //!
 //! Keys that the format does not know are errors, in every table. So are
 //! duplicate node ids, names and MACs, a multicast or zero MAC, duplicate
-//! cores or endpoints within a node, `spin` without `cores`, thresholds out of
+//! cores or endpoints within a node, `spin` without `cores`, `idle_sleep_us`
+//! without `cores`, with `spin` or outside 20..=1000000, thresholds out of
 //! range (`rto_initial_us` outside `rto_min_us..=rto_max_us` among them),
 //! nodes whose MTUs differ, a `memory_mb` too small for a node's mbuf pool,
 //! an EtherType below 0x0600 or one the network takes for its own (IP, ARP,

@@ -248,10 +248,28 @@ pub struct EngineConfig {
     /// most [`MAX_RING`]).
     #[serde(default = "default_ring")]
     pub ring: usize,
+    /// The longest a polling thread with nothing to do sleeps at a time, in
+    /// microseconds (default [`DEFAULT_IDLE_SLEEP_US`], within
+    /// [`IDLE_SLEEP_US`]). Idle, it spins, then yields, then sleeps for
+    /// twice as long each time from 20 us up to this: a frame that arrives
+    /// during a sleep waits for its end, while the application's calls and a
+    /// stop wake it at once. Longer sleeps take less CPU from a shared
+    /// machine; shorter ones answer sooner after a quiet spell. Inline
+    /// engines, and a polling thread that spins, never sleep.
+    #[serde(default = "default_idle_sleep_us")]
+    pub idle_sleep_us: u64,
 }
 
 /// The most entries a submission or completion ring may have.
 pub const MAX_RING: usize = 1 << 20;
+
+/// A polling thread's longest idle sleep unless [`EngineConfig::idle_sleep_us`]
+/// says otherwise: 1 ms.
+pub const DEFAULT_IDLE_SLEEP_US: u64 = 1000;
+
+/// What [`EngineConfig::idle_sleep_us`] may be: from the first sleep (20 us)
+/// to a second.
+pub const IDLE_SLEEP_US: std::ops::RangeInclusive<u64> = 20..=1_000_000;
 
 fn default_ring() -> usize {
     1024
@@ -259,6 +277,10 @@ fn default_ring() -> usize {
 
 fn default_endpoints() -> Vec<u8> {
     vec![0]
+}
+
+fn default_idle_sleep_us() -> u64 {
+    DEFAULT_IDLE_SLEEP_US
 }
 
 impl EngineConfig {
@@ -272,6 +294,7 @@ impl EngineConfig {
             protocol: ProtocolConfig::default(),
             peers: Vec::new(),
             ring: default_ring(),
+            idle_sleep_us: DEFAULT_IDLE_SLEEP_US,
         }
     }
 
@@ -758,6 +781,15 @@ impl Engine {
                 cfg.ring
             )));
         }
+        if !IDLE_SLEEP_US.contains(&cfg.idle_sleep_us) {
+            return Err(Error::Setup(format!(
+                "idle_sleep_us = {}: a polling thread's longest idle sleep must lie within \
+                 {}..={} microseconds",
+                cfg.idle_sleep_us,
+                IDLE_SLEEP_US.start(),
+                IDLE_SLEEP_US.end()
+            )));
+        }
         let core_cfg = cfg.protocol.core_config(io.max_frame() - 14);
         let epoch = cfg.epoch.unwrap_or_else(fresh_epoch);
         let max_requests = core_cfg.max_sends + core_cfg.max_recvs;
@@ -826,6 +858,7 @@ impl Engine {
                     .unzip();
                 engine.events = consumers.into_iter().map(Some).collect();
                 let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+                let backoff = Backoff::new(spin, cfg.idle_sleep_us);
                 let handle = std::thread::Builder::new()
                     .name(format!("emx-poll-{}", cfg.node))
                     .spawn(move || {
@@ -835,7 +868,7 @@ impl Engine {
                             producers,
                             clock,
                             core,
-                            spin,
+                            backoff,
                             max_requests,
                             ready_tx,
                         )
@@ -923,7 +956,7 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(until);
         self.shared.state.store(STOPPING, Ordering::Release);
-        // Not left to wait out a back-off sleep (up to 1 ms).
+        // Not left to wait out a back-off sleep (up to `idle_sleep_us`).
         if let Some(t) = self.shared.poller.get() {
             t.unpark();
         }
@@ -1002,27 +1035,29 @@ fn clock_epoch(since: Duration) -> u32 {
 
 /// Spin, then yield, then sleep ever longer, while idle.
 ///
-/// The sleeps double from 20 us to 1 ms: an idle polling thread that woke
-/// every 50 us stole its core from the application thread beside it often
-/// enough to show in that thread's p99 (31 us instead of 2 us in emx-bench).
-/// The price is up to 1 ms before the first frame after a long idle period
-/// is seen; `spin` avoids it on an isolated core.
+/// The sleeps double from 20 us to `max_sleep_us`
+/// ([`EngineConfig::idle_sleep_us`], 1 ms by default): an idle polling
+/// thread that woke every 50 us stole its core from the application thread
+/// beside it often enough to show in that thread's p99 (31 us instead of
+/// 2 us in emx-bench). The price is up to a sleep before the first frame
+/// after a long idle period is seen; `spin` avoids it on an isolated core.
 struct Backoff {
     idle: u32,
     sleep_us: u64,
+    max_sleep_us: u64,
     spin_forever: bool,
 }
 
 impl Backoff {
     const SPINS: u32 = 2000;
     const YIELDS: u32 = 100;
-    const MIN_SLEEP_US: u64 = 20;
-    const MAX_SLEEP_US: u64 = 1000;
+    const MIN_SLEEP_US: u64 = *IDLE_SLEEP_US.start();
 
-    fn new(spin_forever: bool) -> Backoff {
+    fn new(spin_forever: bool, max_sleep_us: u64) -> Backoff {
         Backoff {
             idle: 0,
             sleep_us: Self::MIN_SLEEP_US,
+            max_sleep_us: max_sleep_us.max(Self::MIN_SLEEP_US),
             spin_forever,
         }
     }
@@ -1061,7 +1096,7 @@ impl Backoff {
                 std::thread::park_timeout(Duration::from_micros(self.sleep_us));
             }
             shared.poller_asleep.store(false, Ordering::SeqCst);
-            self.sleep_us = (self.sleep_us * 2).min(Self::MAX_SLEEP_US);
+            self.sleep_us = (self.sleep_us * 2).min(self.max_sleep_us);
         }
     }
 }
@@ -1073,7 +1108,7 @@ fn poll_thread(
     mut events: Vec<rtrb::Producer<Event>>,
     clock: Clock,
     core: Option<usize>,
-    spin: bool,
+    mut backoff: Backoff,
     max_requests: usize,
     ready: std::sync::mpsc::Sender<Result<(), Error>>,
 ) {
@@ -1099,7 +1134,8 @@ fn poll_thread(
     let _ = ready.send(Ok(()));
     tracing::debug!(
         ?core,
-        spin,
+        spin = backoff.spin_forever,
+        idle_sleep_us = backoff.max_sleep_us,
         endpoints = shared.eps.len(),
         "polling thread started"
     );
@@ -1115,7 +1151,6 @@ fn poll_thread(
     let mut backlogged = vec![false; n_eps];
     // Endpoints dropped: nobody reads their rings.
     let mut gone = vec![false; n_eps];
-    let mut backoff = Backoff::new(spin);
     // Stopping: since when every core was closing, and whether they settled.
     let mut cores_closing: Option<Instant> = None;
     let mut stop_settling = Settling::default();

@@ -20,7 +20,8 @@ pub use buffer::{RecvBuf, SendBuf};
 pub use driver::{Clock, Driver, Progress, RuntimeCore, BURST};
 pub use engine::{
     parse_mac, Endpoint, Engine, EngineConfig, PeerConfig, PeerStatus, ProgressMode,
-    ProtocolConfig, Refused, ShutdownReport, AUTO_MAC, MAX_RING,
+    ProtocolConfig, Refused, ShutdownReport, AUTO_MAC, DEFAULT_IDLE_SLEEP_US, IDLE_SLEEP_US,
+    MAX_RING,
 };
 pub use node::{
     register_memory, start_node, start_node_on, start_node_until, EalConfig, Hugepages, LinkConfig,
