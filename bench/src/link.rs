@@ -229,7 +229,7 @@ impl Link {
         } else {
             // The server may still be starting.
             let t = std::time::Instant::now();
-            while !memif_listening(socket) {
+            while !dpdk_ffi::memif_listening(socket) {
                 if t.elapsed() > Duration::from_secs(10) {
                     return Err(format!(
                         "no memif server at {socket}: start `emx-bench --link memif --role server --socket {socket}` first"
@@ -260,17 +260,6 @@ impl Link {
             shared: false,
         })
     }
-}
-
-/// Whether a memif server listens on `socket`: DPDK 22.11 makes it an
-/// abstract Unix socket (`@path` in /proc/net/unix), older ones a file.
-fn memif_listening(socket: &str) -> bool {
-    let abstract_name = format!("@{socket}");
-    std::path::Path::new(socket).exists()
-        || std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| {
-            t.lines()
-                .any(|l| l.split_whitespace().last() == Some(abstract_name.as_str()))
-        })
 }
 
 /// Whether a process has a Unix socket bound at `socket`, as a file or in

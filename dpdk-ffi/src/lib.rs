@@ -58,7 +58,9 @@ pub use extmem::{ExtBuf, ExtMem};
 pub use guard::unmap_guarded;
 pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for_mtu, Mempool, DEFAULT_DATA_ROOM};
-pub use port::{LinkStatus, Port, PortConfig, PortStats, RxQueue, TxQueue, MEMIF_MAX_MTU};
+pub use port::{
+    memif_listening, LinkStatus, Port, PortConfig, PortStats, RxQueue, TxQueue, MEMIF_MAX_MTU,
+};
 pub use thread::ThreadRegistration;
 
 /// The time-stamp counter, for timing fast paths (`rte_rdtsc`). On x86_64 it

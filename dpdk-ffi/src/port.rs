@@ -878,6 +878,25 @@ pub const MEMIF_MAX_MTU: u16 = 9000;
 /// memif's ring buffer size when the devargs give none.
 const MEMIF_DEFAULT_BSIZE: u32 = 2048;
 
+/// Whether a memif server listens on `socket` (its `socket=` devarg). DPDK
+/// 22.11 binds it in the abstract namespace unless the devargs say
+/// `socket-abstract=no`: no file appears, and `/proc/net/unix` lists it as
+/// `@path`. A client whose server does not listen yet fails to start, so a
+/// client started beside its server (another thread or process) waits for
+/// this first.
+///
+/// ```
+/// assert!(!dpdk_ffi::memif_listening("/tmp/emx-no-such-memif.sock"));
+/// ```
+pub fn memif_listening(socket: &str) -> bool {
+    let abstract_name = format!("@{socket}");
+    std::path::Path::new(socket).exists()
+        || std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| {
+            t.lines()
+                .any(|l| l.split_whitespace().last() == Some(abstract_name.as_str()))
+        })
+}
+
 /// memif's ring slots (log2) when the devargs give none.
 const MEMIF_DEFAULT_RSIZE: u32 = 10;
 

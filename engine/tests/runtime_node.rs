@@ -52,10 +52,19 @@ fn two_nodes_from_toml_over_memif() {
     ));
     let eal = a.eal.start().unwrap();
     // Server first: a memif client cannot start before the server's socket
-    // exists; each waits for its link, so start the client from a thread.
+    // exists; each waits for its link, so start the client from a thread,
+    // once the server listens.
     let (eal2, lb, eb) = (eal.clone(), b.link.clone(), b.engine.clone());
+    let listening = sock.clone();
     let tb = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
+        let t0 = std::time::Instant::now();
+        while !dpdk_ffi::memif_listening(&listening) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the memif server never listened on {listening}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         start_node_on(&eal2, &lb, &eb).unwrap()
     });
     let mut na = start_node_on(&eal, &a.link, &a.engine).unwrap();
