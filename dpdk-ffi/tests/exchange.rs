@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -139,12 +139,16 @@ fn two_process_memif() {
             "--test-threads=1",
         ])
         .env(CHILD_SOCKET, &sock)
+        // Its end of the pipe closes when this side has every echo (or
+        // fails): the child keeps the link up until then.
+        .stdin(Stdio::piped())
         .spawn()
         .expect("child test process starts");
     port.wait_link(Duration::from_secs(20))
         .expect("child connects");
     let (mut tx, mut rx) = (port.tx_queue(0).unwrap(), port.rx_queue(0).unwrap());
     exchange(&mut tx, &mut rx, &pool, 1500, 11);
+    drop(child.stdin.take());
     let status = child.wait().unwrap();
     assert!(status.success(), "child failed: {status}");
 }
@@ -185,6 +189,9 @@ fn two_process_child() {
         }
         tx.tx_burst(&mut echo);
     }
-    // Let the last echoes leave before the port closes.
-    std::thread::sleep(Duration::from_millis(100));
+    // The last echoes are in the ring; the link stays up until the parent
+    // has taken them, and says so by closing this process's stdin. (A fixed
+    // wait here could run out on a loaded machine, and the port close under
+    // echoes not yet read.)
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
 }
