@@ -1486,3 +1486,75 @@ fn a_pinger_that_takes_no_pongs_ties_up_one_send() {
     a.signal(Signal::SIGTERM);
     assert!(a.wait(Duration::from_secs(8)).success(), "{}", a.log());
 }
+
+/// With a polling thread, a receive is refused after `irecv` returned (its
+/// completion says so), not by `irecv`: emxd's liveness receive for a
+/// peer given up, posted again on every refusal, went round in a busy loop
+/// until the peer was greeted again, each turn one more failure. Here a
+/// pinger goes silent right after its PONG arrives (its acknowledgement
+/// never leaves), so emxd's PONG fails once the pinger is given up: that
+/// one failure is counted, and nothing more.
+#[test]
+fn a_refused_liveness_receive_is_not_posted_again_at_once() {
+    use emx::proto::Addr;
+    use emx_daemon::ops::{with_op, PING, PING_BYTES, PONG};
+
+    let dir = TempDir::new("refused-watch");
+    let config = cluster_file(&dir, true);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    // emxd (node 1, the first node) polls on a thread of its own.
+    let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let at = text.find("endpoints = [0]\n").unwrap();
+    text.insert_str(at, &format!("cores = [{cpu}]\n"));
+    std::fs::write(&config, &text).unwrap();
+    let a = Daemon::start(&config, "server", &dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let cluster = ClusterConfig::load(&config).unwrap();
+    let node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
+    let status = wait_for(Duration::from_secs(10), "emxd's status", || {
+        let s = a.json(&["status"]);
+        (s["ok"] == true).then_some(s)
+    });
+    assert_eq!(status["progress"], "thread", "{status}");
+    let mut engine = node.engine;
+    let mut pinger = engine.endpoint().unwrap();
+    let server = Addr::new(1, 0);
+    let r = pinger
+        .irecv(
+            Some(server),
+            with_op(PONG, 7),
+            u64::MAX,
+            vec![0u8; PING_BYTES],
+        )
+        .unwrap();
+    pinger
+        .isend(server, with_op(PING, 7), vec![7u8; 8])
+        .unwrap();
+    pinger
+        .wait_timeout(r, Duration::from_secs(10))
+        .unwrap()
+        .unwrap_or_else(|| panic!("no PONG; log:\n{}", a.log()))
+        .into_recv()
+        .unwrap();
+    // Silent from here: inline, nothing polls the pinger's link.
+    wait_for(Duration::from_secs(10), "the pinger given up", || {
+        (a.peer(2).is_some_and(|(state, _)| state == "down")).then_some(())
+    });
+    // A few liveness deadlines, and a greeting of the silent pinger.
+    std::thread::sleep(4 * PEER_TIMEOUT);
+    let stats = a.json(&["status"]);
+    assert_eq!(
+        stats["responder"]["failed"],
+        1,
+        "the PONG failed once, and nothing else should: {stats}\n{}",
+        a.log()
+    );
+    drop(pinger);
+    drop(engine);
+    let mut a = a;
+    a.signal(Signal::SIGTERM);
+    assert!(a.wait(Duration::from_secs(8)).success(), "{}", a.log());
+}

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use dpdk_ffi::ExtMem;
-use emx::proto::{Addr, RequestError};
+use emx::proto::{Addr, RecvError, RequestError};
 use emx::runtime::{Completed, Endpoint, Error, PeerStatus, RecvBuf, Request, SendBuf};
 use emx_config::{ClusterConfig, Mac};
 use emx_daemon::control::{PeerEntry, PeerState, PeerStatsEntry, ResponderCounters};
@@ -410,8 +410,14 @@ impl Station {
                         }
                     }
                     // Declared unreachable: the scan logs it and posts the
-                    // receive again when the peer is back.
-                    Err(Error::Request(RequestError::PeerUnreachable)) => {}
+                    // receive again when the peer is back. (With a polling
+                    // thread, a receive posted for a peer already given up
+                    // is refused so after `irecv` returned; posted again at
+                    // once, it went round in a busy loop.)
+                    Err(
+                        Error::Request(RequestError::PeerUnreachable)
+                        | Error::Recv(RecvError::PeerUnreachable),
+                    ) => {}
                     Err(e) => {
                         self.count_failure(role, &e);
                         self.post_watch(peer);
