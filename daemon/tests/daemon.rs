@@ -369,23 +369,42 @@ struct Daemon {
 
 impl Daemon {
     fn start(config: &Path, node: &str, dir: &TempDir, log: &str) -> Daemon {
-        Daemon::spawn(config, node, dir, log, false)
+        Daemon::spawn(config, node, dir, log, false, None)
+    }
+
+    /// Started by `wrapper` (`nohup`), which runs emxd in its place.
+    fn start_under(wrapper: &str, config: &Path, node: &str, dir: &TempDir, log: &str) -> Daemon {
+        Daemon::spawn(config, node, dir, log, false, Some(wrapper))
     }
 
     /// Started with no --control, in `EMX_CONTROL_DIR` = `dir`: its socket
     /// is `emxd-<node>.sock` there.
     fn start_default(config: &Path, node: &str, dir: &TempDir, log: &str) -> Daemon {
-        Daemon::spawn(config, node, dir, log, true)
+        Daemon::spawn(config, node, dir, log, true, None)
     }
 
-    fn spawn(config: &Path, node: &str, dir: &TempDir, log: &str, default: bool) -> Daemon {
+    fn spawn(
+        config: &Path,
+        node: &str,
+        dir: &TempDir,
+        log: &str,
+        default: bool,
+        wrapper: Option<&str>,
+    ) -> Daemon {
         let log = dir.path(log);
         let control = if default {
             dir.path(&format!("emxd-{node}.sock"))
         } else {
             dir.path(&format!("{node}.sock"))
         };
-        let mut cmd = Command::new(EMXD);
+        let mut cmd = match wrapper {
+            Some(w) => {
+                let mut c = Command::new(w);
+                c.arg(EMXD);
+                c
+            }
+            None => Command::new(EMXD),
+        };
         cmd.args(["--config", config.to_str().unwrap(), "--node", node]);
         if default {
             cmd.env("EMX_CONTROL_DIR", &dir.0);
@@ -572,6 +591,31 @@ fn starting_server(dir: &TempDir) -> Daemon {
         a.log().contains("starting").then_some(())
     });
     a
+}
+
+/// SIGHUP and SIGINT ignored at start (`nohup emxd`, a script's background
+/// job) stay ignored, as shells expect of the programs they start: `nohup
+/// emxd` used to stop when its terminal closed.
+#[test]
+fn a_hang_up_ignored_at_start_stays_ignored() {
+    let dir = TempDir::new("hup-ignored");
+    let config = cluster_file(&dir, true);
+    let mut a = Daemon::start_under("nohup", &config, "server", &dir, "server.log");
+    wait_for(Duration::from_secs(10), "emxd starting", || {
+        a.log().contains("starting").then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    a.signal(Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        a.child.try_wait().unwrap().is_none(),
+        "emxd under nohup stopped on a hang-up: {}",
+        a.log()
+    );
+    a.signal(Signal::SIGTERM);
+    let status = a.wait(Duration::from_secs(3));
+    assert!(status.success(), "{status}: {}", a.log());
+    assert!(a.log().contains("stopped while starting"), "{}", a.log());
 }
 
 /// A signal while emxd waits for its link (a memif server with no client

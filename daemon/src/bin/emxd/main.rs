@@ -146,11 +146,20 @@ fn run(args: Args) -> Result<(), Failure> {
     let stop = Arc::new(AtomicBool::new(false));
     // SIGHUP too: a terminal that closes under `emxd ... &` would otherwise
     // kill it outright, with no drain and its socket file left behind.
+    // But SIGHUP and SIGINT ignored at start stay ignored, as shells expect
+    // of the programs they start: `nohup emxd` is meant to outlive its
+    // terminal, and a script's background job not to stop on the Ctrl-C
+    // meant for the script (whose own clean-up then stops it).
+    let ignored = ignored_at_start();
     for sig in [
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGHUP,
     ] {
+        if sig != signal_hook::consts::SIGTERM && ignored(sig) {
+            info!(signal = sig, "signal ignored at start: left ignored");
+            continue;
+        }
         // A second signal while draining ends emxd at once (exit 1).
         signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
             .map_err(|e| Failure::Start(format!("cannot handle signal {sig}: {e}")))?;
@@ -296,4 +305,19 @@ fn init_logging(level: LevelFilter, json: bool) {
     } else {
         b.with_ansi(std::io::stderr().is_terminal()).init();
     }
+}
+
+/// Which signals this process started with ignored: the `SigIgn` mask of
+/// /proc/self/status, read before emxd installs a handler (none, if it
+/// cannot be read), as a test of one signal number.
+fn ignored_at_start() -> impl Fn(i32) -> bool {
+    let mask = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        })
+        .unwrap_or(0);
+    move |sig| (1..=64).contains(&sig) && mask & (1 << (sig - 1)) != 0
 }
