@@ -274,6 +274,16 @@ fn emxctl_without_emxd_says_how_to_start_it() {
     assert!(!o.status.success());
     assert!(err.contains("is emxd running?"), "{err}");
     assert!(err.contains("emxd --config"), "{err}");
+    // Looking in a control folder where none answers: an emxd started
+    // with another EMX_CONTROL_DIR is the likely cause.
+    let o = Command::new(EMXCTL)
+        .env("EMX_CONTROL_DIR", &dir.0)
+        .arg("status")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("EMX_CONTROL_DIR"), "{err}");
 }
 
 #[test]

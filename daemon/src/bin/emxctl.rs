@@ -177,7 +177,8 @@ fn socket(args: &Args) -> Result<PathBuf, String> {
         1 => Ok(found[0].clone()),
         0 => Err(format!(
             "no emxd control socket answers in {}: is emxd running? start it with \
-             emxd --config FILE --node NAME, or pass --control PATH",
+             emxd --config FILE --node NAME, or pass --control PATH (an emxd started \
+             with another EMX_CONTROL_DIR listens there: set the same here)",
             dir.display()
         )),
         _ => {

@@ -38,9 +38,10 @@ struct Args {
     /// a launcher's rank (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID).
     #[arg(long, value_name = "NAME|ID")]
     node: Option<String>,
-    /// The control socket. Default: /run/emx/emxd-NAME.sock with the node's
-    /// name (the directory is created). It is made mode 0600: only the user
-    /// emxd runs as may connect.
+    /// The control socket. Default: emxd-NAME.sock with the node's name, in
+    /// $EMX_CONTROL_DIR when set, /run/emx otherwise (the directory is
+    /// created; emxctl looks in the same one). It is made mode 0600: only
+    /// the user emxd runs as may connect.
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// The most verbose level logged, instead of logging.level in the cluster file.
