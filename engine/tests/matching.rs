@@ -505,3 +505,33 @@ fn a_repeated_unexpected_message_is_refused() {
     assert_eq!(sim.core(1).probe(None, 0, 0), None);
     assert_eq!(sim.core_ref(1).unexpected_bytes(), 0);
 }
+
+/// `unexpected_high_water` is what the store held between frames: messages
+/// that posted receives took as they came (several frames eager, and a
+/// rendezvous) held none of it, and used to count their charge for the
+/// moment before matching (3,328 bytes for the eager one, 256 for the
+/// rendezvous request). One that waits unexpected counts.
+#[test]
+fn messages_taken_at_once_leave_no_unexpected_high_water() {
+    let cfg = CoreConfig::default();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    for (i, len) in [(1u64, 3000usize), (2, 40_000)] {
+        let now = sim.now();
+        sim.core(1)
+            .post_recv(now, Some(addr(0)), i, !0, vec![0; len], 0)
+            .unwrap();
+        sim.core(0)
+            .send(now, addr(1), i, pattern(i, len), 0)
+            .unwrap();
+        let got = recvs(settle(&mut sim, 20_000));
+        assert_eq!(got.len(), 1, "message {i}");
+        assert!(got[0].buf == pattern(i, len));
+        assert_eq!(sim.core_ref(1).stats().unexpected_high_water, 0, "{len} B");
+    }
+    let now = sim.now();
+    sim.core(0)
+        .send(now, addr(1), 3, pattern(3, 3000), 0)
+        .unwrap();
+    assert!(recvs(settle(&mut sim, 20_000)).is_empty());
+    assert!(sim.core_ref(1).stats().unexpected_high_water >= 3000);
+}

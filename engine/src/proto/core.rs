@@ -1501,6 +1501,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             peer.stats.macs_learned += 1;
         }
         let r = self.handle_peer_frame(now, p, &h, f.payload(), frame.len());
+        // What the store holds once the frame is handled: a message that a
+        // posted receive took at once was charged only for that moment.
+        self.stats.unexpected_high_water = self.stats.unexpected_high_water.max(self.held_total);
         if let (Err(_), Some(old)) = (r, learnt_over) {
             // A frame refused before its session was taken up teaches nothing:
             // the peer keeps its address (and its answer, a HELLO, goes there).

@@ -210,7 +210,6 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let peer = &mut self.peers[p as usize];
         peer.held += charge;
         self.held_total += charge;
-        self.stats.unexpected_high_water = self.stats.unexpected_high_water.max(self.held_total);
         self.msg_peer_links.push_back(&mut peer.msgs, m);
         Some(m)
     }

@@ -53,7 +53,10 @@ pub struct CoreStats {
     pub recvs_completed: u64,
     /// Messages that arrived before a matching receive was posted.
     pub unexpected: u64,
-    /// Highest number of bytes the unexpected store ever held (credit charge).
+    /// Highest number of bytes the unexpected store ever held between
+    /// frames (the credit charge of messages waiting for a receive, or
+    /// for their turn): a message a posted receive takes as it comes
+    /// counts none.
     pub unexpected_high_water: u64,
     /// Times the core found a state its own checks rule out (a table full
     /// that its accounting said had room) and dropped the frame or request
