@@ -65,7 +65,8 @@ pub struct FaultStats {
     pub reordered: u64,
     /// Frames with a flipped bit.
     pub corrupted: u64,
-    /// Frames delivered through the hold queue (delayed or reordered).
+    /// Frames delivered through the hold queue: delayed, reordered, or
+    /// behind a frame that was.
     pub held: u64,
 }
 
@@ -113,6 +114,10 @@ pub struct Faulty<L: PacketIo> {
     rng: SmallRng,
     /// Frames held back, ordered by release time.
     held: VecDeque<(Instant, L::Frame)>,
+    /// When the last frame in link order is due (a reordered one aside):
+    /// later ones are due no earlier, so that a delay lowered while frames
+    /// are held keeps them in order.
+    in_order_at: Option<Instant>,
     incoming: Vec<L::Frame>,
     stats: FaultStats,
     /// The link, last: fields drop in order, and the frames above must go
@@ -132,6 +137,7 @@ impl<L: PacketIo> Faulty<L> {
             shared: handle.0,
             rng: SmallRng::seed_from_u64(seed),
             held: VecDeque::with_capacity(MAX_HELD),
+            in_order_at: None,
             incoming: Vec::with_capacity(256),
             stats: FaultStats::default(),
         }
@@ -239,7 +245,8 @@ impl<L: PacketIo> PacketIo for Faulty<L> {
                 self.stats.duplicated += 1;
             }
             for frame in std::iter::once(f).chain(copy) {
-                let mut at = now + delay;
+                let mut at = self.in_order_at.map_or(now + delay, |t| t.max(now + delay));
+                self.in_order_at = Some(at);
                 if self.hit(reorder) && window > 0 {
                     at += Duration::from_nanos(self.rng.gen_range(0..window));
                     self.stats.reordered += 1;
