@@ -680,8 +680,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             .map(|(i, p)| (PeerId(i as u16), p.addr, p.mac))
     }
 
-    /// When a frame of the peer's current session was last accepted
-    /// (`None`: never).
+    /// When a frame of the peer was last accepted, in its current session
+    /// or an earlier one (`None`: never): how long a peer given up has
+    /// been silent.
     pub fn peer_last_heard(&self, peer: PeerId) -> Option<Time> {
         let p = self.peers.get(peer.0 as usize)?;
         (p.stats.frames_received > 0).then_some(p.last_heard)

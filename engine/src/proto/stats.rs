@@ -10,7 +10,9 @@ pub struct PeerStats {
     pub frames_sent: u64,
     /// Bytes sent to the peer (Ethernet and emx headers included).
     pub bytes_sent: u64,
-    /// Frames received from the peer and accepted for processing.
+    /// Frames received from the peer and accepted for processing,
+    /// acknowledgements and duplicates among them (a duplicate's
+    /// acknowledgement still counts; `duplicates` says how many were).
     pub frames_received: u64,
     /// Bytes received from the peer in accepted frames.
     pub bytes_received: u64,
