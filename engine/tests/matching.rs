@@ -535,3 +535,51 @@ fn messages_taken_at_once_leave_no_unexpected_high_water() {
     assert!(recvs(settle(&mut sim, 20_000)).is_empty());
     assert!(sim.core_ref(1).stats().unexpected_high_water >= 3000);
 }
+
+/// `credit_stalls` counts messages that had to wait, once each: a large
+/// eager message waiting while the receiver takes the store's messages
+/// one by one, each giving back less credit than it needs, is one stall.
+/// Each partial credit update used to count another.
+#[test]
+fn a_message_waiting_through_several_credit_updates_is_one_stall() {
+    use emx::proto::matching::eager_charge;
+    const SMALL: usize = 4000;
+    const BIG: usize = 16 * 1024;
+    let cfg = small_credit();
+    let credit = cfg.peer_credit();
+    // Small messages that fit the credit, then one that does not.
+    let n = credit / eager_charge(SMALL as u64);
+    let left = credit - n * eager_charge(SMALL as u64);
+    assert!(eager_charge(BIG as u64) > left + 2 * eager_charge(SMALL as u64));
+    let mut sim = make_sim(2, near_link(), &cfg);
+    let now = sim.now();
+    for i in 0..n {
+        sim.core(0)
+            .send(now, addr(1), i, pattern(i, SMALL), i)
+            .unwrap();
+    }
+    sim.core(0)
+        .send(now, addr(1), n, pattern(n, BIG), n)
+        .unwrap();
+    let stalls = |sim: &TestSim| {
+        let c = sim.core_ref(0);
+        c.peer_stats(c.peer_id(addr(1)).unwrap())
+            .unwrap()
+            .credit_stalls
+    };
+    sim.run_until(now + Duration::from_millis(1), |_| false);
+    assert_eq!(stalls(&sim), 1, "the large message waits");
+    // One receive a millisecond: the large message waits through several
+    // credit updates, then goes.
+    for i in 0..=n {
+        let now = sim.now();
+        let len = if i == n { BIG } else { SMALL };
+        sim.core(1)
+            .post_recv(now, Some(addr(0)), i, !0, vec![0; len], i)
+            .unwrap();
+        sim.run_until(now + Duration::from_millis(1), |_| false);
+    }
+    let got = recvs(settle(&mut sim, 5_000));
+    assert_eq!(got.len() as u64, n + 1);
+    assert_eq!(stalls(&sim), 1, "one message waited");
+}

@@ -2041,12 +2041,14 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let peer = &mut self.peers[p as usize];
         let avail = peer.credit_limit.wrapping_sub(peer.credit_used) as i32;
         if !peer.credit_known || avail < charge as i32 {
-            if !peer.credit_stalled {
-                peer.credit_stalled = true;
+            peer.credit_stalled = true;
+            if peer.stalled_send != s_idx {
+                peer.stalled_send = s_idx;
                 peer.stats.credit_stalls += 1;
             }
             return false;
         }
+        peer.stalled_send = NIL;
         peer.credit_used = peer.credit_used.wrapping_add(charge);
         self.sends[s_idx as usize].started = true;
         true

@@ -62,6 +62,10 @@ pub(crate) struct Peer {
     pub(crate) credit_used: u32,
     pub(crate) credit_known: bool,
     pub(crate) credit_stalled: bool,
+    /// The send counted in `credit_stalls` last, until it is charged
+    /// (`NIL`: none): each message counts once, however many credit
+    /// updates it waits through.
+    pub(crate) stalled_send: u32,
     pub(crate) window_stalled: bool,
     pub(crate) next_msg_id: u32,
     /// Sends to this peer in message order.
@@ -146,6 +150,7 @@ impl Peer {
             credit_used: 0,
             credit_known: false,
             credit_stalled: false,
+            stalled_send: NIL,
             window_stalled: false,
             next_msg_id: 0,
             sends: List::default(),
@@ -451,6 +456,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         peer.credit_used = 0;
         peer.credit_known = false;
         peer.credit_stalled = false;
+        peer.stalled_send = NIL;
         peer.window_stalled = false;
         peer.next_msg_id = 0;
         peer.cursor = NIL;
