@@ -164,6 +164,17 @@ fn too_few_receive_slots_for_the_responder_is_a_configuration_error() {
         )),
         "{err}"
     );
+    // Enough for the responder and the liveness receive (7 here), but none
+    // left for a check's answers: every check failed.
+    let text = text.replace("max_recvs = 4", "max_recvs = 7");
+    std::fs::write(&file, &text).unwrap();
+    let o = emxd(&["--config", file.to_str().unwrap(), "--node", "server"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("7 is too few") && err.contains("(want at least 9)"),
+        "{err}"
+    );
 }
 
 /// The example cluster with the server's port on a driver that does not

@@ -124,8 +124,12 @@ fn run(args: Args) -> Result<(), Failure> {
 
     // Each endpoint's responder keeps its ECHO and SINK receives posted, and
     // one liveness receive per remote endpoint: with fewer receive slots,
-    // peers would go unwatched (never reported down).
-    let need = ops::ECHO_SLOTS + ops::SINK_SLOTS + node_cfg.engine.peers.len();
+    // peers would go unwatched (never reported down). A check takes one
+    // more per peer for its answers, and a message nobody serves one to be
+    // drained: with none left for those, every check failed, and such
+    // messages held their sender's credit.
+    let peers = node_cfg.engine.peers.len();
+    let need = ops::ECHO_SLOTS + ops::SINK_SLOTS + 2 * peers + 1;
     let max_recvs = node_cfg
         .engine
         .protocol
@@ -134,10 +138,10 @@ fn run(args: Args) -> Result<(), Failure> {
     if max_recvs < need {
         let problem = format!(
             "{max_recvs} is too few for emxd on node {:?}: its responder keeps {} receives \
-             posted and one for each of its {} peer endpoints (want at least {need})",
+             posted and one for each of its {peers} peer endpoints, a check takes one more \
+             for each, and a message nobody serves one to be drained (want at least {need})",
             spec.name,
             ops::ECHO_SLOTS + ops::SINK_SLOTS,
-            node_cfg.engine.peers.len()
         );
         return Err(Failure::Config(
             cluster.error_at("protocol.max_recvs", problem).to_string(),
