@@ -54,10 +54,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   say "installing ${missing[*]}"
   # (through sudo too, which would drop an exported variable)
-  apt=(env DEBIAN_FRONTEND=noninteractive apt-get)
+  # On a fresh VM another apt (unattended-upgrades, apt-daily) often holds
+  # the locks for minutes: dpkg's is waited for (the timeout), the package
+  # lists' with a few tries; any other failure is said as apt said it.
+  apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600)
   # A dpkg run cut short earlier would fail every install until configured.
   as_root env DEBIAN_FRONTEND=noninteractive dpkg --configure -a >/dev/null 2>&1 || true
-  as_root "${apt[@]}" update -qq >/dev/null || { say "apt-get update failed (run as root?)"; exit 1; }
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    err=$(as_root "${apt[@]}" update -qq 2>&1 >/dev/null) && break
+    case $err in
+      *lock*) [ "$try" = 10 ] || { say "apt's package lists are locked by another apt: waiting"; sleep 30; continue; } ;;
+    esac
+    say "apt-get update failed (run as root?): $err"
+    exit 1
+  done
   as_root "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
     || { say "apt-get install ${missing[*]} failed"; exit 1; }
 fi
