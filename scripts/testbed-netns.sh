@@ -27,7 +27,9 @@ command -v ip >/dev/null || { echo "testbed-netns: install iproute2" >&2; exit 1
 [ "$N" -ge 2 ] 2>/dev/null || { echo "testbed-netns: N must be a number >= 2" >&2; exit 1; }
 
 if [ -z "${EMXD:-}" ] || [ -z "${EMXCTL:-}" ]; then
-    build=(cargo build --release --quiet -p emx-daemon --bin emxd --bin emxctl)
+    # Into this checkout's target/, where the binaries are looked for below,
+    # whatever target directory the environment names.
+    build=(cargo build --release --quiet -p emx-daemon --bin emxd --bin emxctl --target-dir "$PWD/target")
     if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
         # Under sudo: built as the user who ran it, with their Rust (sudo's
         # PATH has no ~/.cargo/bin) and without leaving root-owned files in
