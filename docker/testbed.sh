@@ -193,10 +193,15 @@ tap_mac_is_repaired() {
     mac=$(ctl 1 status | sed -n 's/.*, mac \([0-9a-f:]*\),.*/\1/p')
     [ -n "$mac" ] || { say "no MAC in n1's status"; return 1; }
     compose exec -T n1 ip link set "$TAP" address "$mac"
+    local link
     for i in $(seq 1 50); do
-        case "$(compose exec -T n1 ip -o link show "$TAP")" in
+        # (A failed exec says nothing of the tap: it must not read as
+        # taken back.)
+        link=$(compose exec -T n1 ip -o link show "$TAP") || { say "n1: cannot read the tap's MAC"; return 1; }
+        case "$link" in
             *"link/ether $mac "*) sleep 0.1 ;;
-            *) say "n1: the tap's MAC was taken back from DPDK's after ${i}00 ms at most"; return 0 ;;
+            *"link/ether "*) say "n1: the tap's MAC was taken back from DPDK's after ${i}00 ms at most"; return 0 ;;
+            *) say "n1: no MAC in the tap's link: $link"; return 1 ;;
         esac
     done
     say "n1: the tap kept DPDK's MAC ($mac) for 5 s"

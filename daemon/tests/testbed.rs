@@ -283,8 +283,8 @@ fn docker_testbed_3_nodes() {
 /// every change of the code. The image just built, and one a container
 /// still uses, stay.
 #[test]
-fn earlier_node_images_are_removed() {
-    if !docker_and_compose("earlier_node_images_are_removed") {
+fn docker_testbed_image_build_removes_earlier_images() {
+    if !docker_and_compose("docker_testbed_image_build_removes_earlier_images") {
         return;
     }
     let tag = |what: &str| format!("emx-node:0e{what}{}", std::process::id());
