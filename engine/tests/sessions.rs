@@ -911,3 +911,50 @@ fn two_stale_beliefs_do_not_greet_each_other_for_ever() {
     transfer(&mut sim, 0, 1, 8, 10);
     transfer(&mut sim, 1, 0, 8, 11);
 }
+
+/// A peer given up and greeted again (`reconnect`) while it is still down,
+/// that comes back at another address with a new epoch and says nothing:
+/// the greetings repeated after the first (broadcast, lost) go to every
+/// node once the peer has been silent a keepalive, and find it. They went
+/// to the address learnt before, where nobody was, until the peer was given
+/// up again.
+#[test]
+fn greetings_after_a_reconnect_find_a_peer_that_moved() {
+    let cfg = cfg();
+    let mut sim: TestSim = emx::sim::Sim::new(LinkConfig::default());
+    let mut c0: TestCore = Core::new(cfg.clone(), addr(0), mac(0), 1, Time::ZERO).unwrap();
+    c0.add_peer(addr(1), MacAddr::BROADCAST).unwrap();
+    sim.add_core(c0);
+    sim.add_core(make_core(&cfg, 1, 2, 1000, Time::ZERO));
+    transfer(&mut sim, 1, 0, 1000, 1);
+    assert_eq!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch, 1000);
+    // Node 1 goes down; node 0, waiting on it, gives it up.
+    sim.set_up(1, false);
+    let now = sim.now();
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 9, !0, vec![0; 8], 90)
+        .unwrap();
+    sim.run_until(now + cfg.peer_timeout * 3, |sim| {
+        sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead
+    });
+    assert!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+    drain(&mut sim);
+    // Greeted again while still down: the first, broadcast HELLO is lost.
+    let now = sim.now();
+    assert!(sim.core(0).reconnect(now, PeerId(0)));
+    sim.core(0)
+        .post_recv(now, Some(addr(1)), 9, !0, vec![0; 8], 91)
+        .unwrap();
+    sim.run_until(now + Duration::from_micros(200), |_| false);
+    // Back at another MAC, with a new epoch, silent.
+    let now = sim.now();
+    let mut c1: TestCore = Core::new(cfg.clone(), addr(1), mac(5), 2000, now).unwrap();
+    c1.add_peer(addr(0), mac(0)).unwrap();
+    sim.replace_core(1, c1);
+    sim.set_up(1, true);
+    let learnt = sim.run_until(now + cfg.peer_timeout, |sim| {
+        sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch == 2000
+    });
+    assert!(learnt, "{:?}", sim.core_ref(0).peer_info(PeerId(0)));
+    assert!(!sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
+}

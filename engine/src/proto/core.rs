@@ -1799,6 +1799,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                     if peer.epoch == 0 {
                         peer.hello_now = true;
                         peer.rtt.back_off();
+                        // A peer given up and greeted again may have come
+                        // back elsewhere: the first greeting went to every
+                        // node, and went unanswered.
+                        self.greet_all_if_learnt(now, p);
                     } else {
                         peer.ping_now = true;
                         if peer.credit_stalled && peer.inflight.is_empty() {
