@@ -958,3 +958,28 @@ fn greetings_after_a_reconnect_find_a_peer_that_moved() {
     assert!(learnt, "{:?}", sim.core_ref(0).peer_info(PeerId(0)));
     assert!(!sim.core_ref(0).peer_info(PeerId(0)).unwrap().dead);
 }
+
+/// Requests to a peer whose epoch is not known yet greet it once: further
+/// greetings come from its probe timer, which backs off. Each request used
+/// to send a HELLO of its own (asking for an answer) as soon as the one
+/// before had left: a loop of 100 sends to a peer that does not answer
+/// sent 100.
+#[test]
+fn requests_to_an_unknown_peer_greet_it_once() {
+    let cfg = cfg();
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    sim.set_blocked(1, 0, true);
+    for i in 0..100u64 {
+        let now = sim.now();
+        sim.core(0).send(now, addr(1), i, vec![1u8; 8], i).unwrap();
+        sim.flush();
+        sim.run_until(now + Duration::from_micros(10), |_| false);
+    }
+    let hellos = sim.core_ref(0).peer_stats(PeerId(0)).unwrap().hellos_sent;
+    // 1 ms of sends: the first HELLO and the probe timer's (1 ms, then 2).
+    assert!(hellos <= 3, "{hellos} HELLOs for 100 sends");
+    sim.set_blocked(1, 0, false);
+    let deadline = sim.now() + Duration::from_millis(100);
+    let done = outcomes(&mut sim, 100, deadline);
+    assert!(done.iter().all(|d| d.2.is_none()), "{done:?}");
+}

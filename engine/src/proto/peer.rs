@@ -252,11 +252,15 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     #[inline(never)]
     fn engage_first(&mut self, p: u16, now: Time) {
         let peer = &mut self.peers[p as usize];
-        if !peer.monitored() {
+        let watched = peer.monitored();
+        if !watched {
             peer.live_base = now;
         }
         peer.involved += 1;
-        if peer.epoch == 0 && !peer.hello_now {
+        // The first request greets a peer whose epoch is not known; while
+        // it goes unanswered, the probe timer greets it again, backing off
+        // (one HELLO for each request followed the application's rate).
+        if peer.epoch == 0 && !peer.hello_now && !watched {
             peer.hello_now = true;
             peer.last_probe = now;
             self.mark_ready(p);
