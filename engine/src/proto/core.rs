@@ -21,8 +21,12 @@
 //! only accepted when they name this core's current epoch. A frame with a higher source
 //! epoch than the one known means the peer restarted: every request of the old session
 //! fails with [`RequestError::PeerRestarted`] and both halves of the stream start over.
-//! Epochs must therefore grow across restarts of an endpoint (a boot counter, or the
-//! start time); they are compared as serial numbers, so they may wrap, and after a
+//! Epochs must therefore grow across restarts of an endpoint, past every epoch it had,
+//! those it moved to toward peers it gave up included (one more per give-up, below): the
+//! start time in milliseconds does, as the runtime's default; a boot counter must be
+//! spread out, `boot << 16` say (a plain counter would give a restart the epoch a peer
+//! already knows from a give-up, and the restart would go unnoticed). They are compared
+//! as serial numbers, so they may wrap, and after a
 //! silence past the liveness deadline any new epoch counts as a restart. A peer silent for `peer_timeout` while something waits on it is declared
 //! unreachable: its requests fail with [`RequestError::PeerUnreachable`] and its session
 //! is over. Our epoch for that peer moves on at once, so whatever follows is a new
