@@ -983,3 +983,29 @@ fn requests_to_an_unknown_peer_greet_it_once() {
     let done = outcomes(&mut sim, 100, deadline);
     assert!(done.iter().all(|d| d.2.is_none()), "{done:?}");
 }
+
+/// A link cut for 32 ms under a frame, with a liveness deadline (50 ms)
+/// below `rto_max` (100 ms): the backed-off retransmission timer stops at
+/// a quarter of the deadline, so the frame goes again after the cut and
+/// the send completes. The timer used to double to 32 ms, the next
+/// retransmission came after the deadline, and the peer, answering every
+/// probe meanwhile, was given up for making no progress.
+#[test]
+fn retransmissions_back_off_no_further_than_the_liveness_deadline_allows() {
+    let cfg = cfg();
+    assert!(cfg.rto_max > cfg.peer_timeout);
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 1000, 1);
+    sim.set_blocked(0, 1, true);
+    sim.set_blocked(1, 0, true);
+    let now = sim.now();
+    sim.core(1)
+        .post_recv(now, Some(addr(0)), 2, !0, vec![0; 8], 20)
+        .unwrap();
+    sim.core(0).send(now, addr(1), 2, vec![2u8; 8], 2).unwrap();
+    sim.run_until(now + Duration::from_millis(32), |_| false);
+    sim.set_blocked(0, 1, false);
+    sim.set_blocked(1, 0, false);
+    let done = outcomes(&mut sim, 2, now + Duration::from_millis(200));
+    assert_eq!(done, vec![(0, 2, None), (1, 20, None)]);
+}

@@ -353,6 +353,9 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     pub(crate) mac: MacAddr,
     pub(crate) epoch: u32,
     pub(crate) peer_credit: u64,
+    /// The most a retransmission timeout may back off to: `rto_max`, and no
+    /// more than a quarter of `peer_timeout` (but at least `rto_min`).
+    pub(crate) rto_cap: core::time::Duration,
     pub(crate) max_payload: usize,
 
     pub(crate) peers: Vec<Peer>,
@@ -513,6 +516,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             .collect();
         Ok(Core {
             peer_credit: cfg.peer_credit(),
+            rto_cap: cfg.rto_max.min(cfg.peer_timeout / 4).max(cfg.rto_min),
             max_payload: cfg.frame_payload(),
             local,
             mac,
@@ -2231,7 +2235,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             _ => {}
         }
         if self.peers[p as usize].rto_at == Time::NEVER {
-            let rto = self.peers[p as usize].rtt.rto(self.cfg.rto_max);
+            let rto = self.peers[p as usize].rtt.rto(self.rto_cap);
             self.peers[p as usize].rto_at = now + rto;
         }
         let mut t = self.finish_emit(p, &h, buf, payload, inline);

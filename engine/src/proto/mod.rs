@@ -379,7 +379,11 @@ pub struct CoreConfig {
     /// out. A lost frame that nothing after it reveals (the last of a message)
     /// waits this long to go again.
     pub rto_min: Duration,
-    /// Upper bound of the retransmission timeout (after backoff).
+    /// Upper bound of the retransmission timeout (after backoff). The timeout
+    /// also backs off to no more than a quarter of `peer_timeout` (but never
+    /// below `rto_min`): a frame lost while the link was cut then goes again
+    /// soon enough after the cut, before a peer that answers probes meanwhile
+    /// is given up for making no progress.
     pub rto_max: Duration,
     /// Probe a peer that we wait on after this much silence.
     pub keepalive: Duration,

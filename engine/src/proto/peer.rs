@@ -334,7 +334,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
 
     pub(crate) fn probe_interval(&self, p: &Peer) -> core::time::Duration {
         if p.epoch == 0 || (p.credit_stalled && p.inflight.is_empty()) {
-            p.rtt.rto(self.cfg.rto_max).min(self.cfg.keepalive)
+            p.rtt.rto(self.rto_cap).min(self.cfg.keepalive)
         } else {
             self.cfg.keepalive
         }

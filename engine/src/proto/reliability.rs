@@ -341,7 +341,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         peer.latest_acked_sent = latest;
         if sampled {
             peer.rtt
-                .sample(now - sample_from, self.cfg.rto_min, self.cfg.rto_max);
+                .sample(now - sample_from, self.cfg.rto_min, self.rto_cap);
         }
         if progress && self.may_feed() {
             // Frames just freed go to the work that waits for them now, so
@@ -356,7 +356,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             peer.rto_at = if peer.inflight.is_empty() {
                 Time::NEVER
             } else {
-                now + peer.rtt.rto(self.cfg.rto_max)
+                now + peer.rtt.rto(self.rto_cap)
             };
         }
         if (h.sack != 0 || probe_answered) && !peer.inflight.is_empty() {
@@ -400,7 +400,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// going again at once saves that round trip.
     pub(crate) fn on_rto(&mut self, now: Time, p: u16) {
         let peer = &mut self.peers[p as usize];
-        let rto = peer.rtt.rto(self.cfg.rto_max);
+        let rto = peer.rtt.rto(self.rto_cap);
         let lossy = peer.loss_seen_at.is_some_and(|t| now < t + LOSSY_FOR);
         let mut marked = false;
         let mut i = peer.inflight.head;
@@ -423,7 +423,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         peer.rto_at = if peer.inflight.is_empty() {
             Time::NEVER
         } else {
-            now + peer.rtt.rto(self.cfg.rto_max)
+            now + peer.rtt.rto(self.rto_cap)
         };
     }
 }
