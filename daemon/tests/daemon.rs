@@ -1406,6 +1406,19 @@ fn port_mac(d: &Daemon) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// emxd as the memif pair's server (node 1) of the cluster file `config`,
+/// and node 2 started in this process, for the test to drive.
+fn server_and_bare_client(dir: &TempDir, config: &Path) -> (Daemon, emx::runtime::Node) {
+    let a = Daemon::start(config, "server", dir, "server.log");
+    let memif = dir.path("memif.sock");
+    wait_for(Duration::from_secs(10), "the memif socket", || {
+        memif.exists().then_some(())
+    });
+    let cluster = ClusterConfig::load(config).unwrap();
+    let node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
+    (a, node)
+}
+
 /// A tool's PINGs come back as PONGs (the same low bits, the payload up to
 /// `PING_BYTES`), one PONG in flight per peer: a pinger that takes none of
 /// its PONGs ties up one of emxd's sends, not all of them (its further PINGs
@@ -1423,13 +1436,7 @@ fn a_pinger_that_takes_no_pongs_ties_up_one_send() {
     let at = text.match_indices("endpoints = [0]\n").nth(1).unwrap().0;
     text.replace_range(at..at + 16, "endpoints = [0, 1]\ncores = [1]\n");
     std::fs::write(&config, &text).unwrap();
-    let a = Daemon::start(&config, "server", &dir, "server.log");
-    let memif = dir.path("memif.sock");
-    wait_for(Duration::from_secs(10), "the memif socket", || {
-        memif.exists().then_some(())
-    });
-    let cluster = ClusterConfig::load(&config).unwrap();
-    let node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
+    let (a, node) = server_and_bare_client(&dir, &config);
     let mut engine = node.engine;
     let mut pinger = engine.endpoint_id(0).unwrap();
     let mut bystander = engine.endpoint_id(1).unwrap();
@@ -1572,13 +1579,7 @@ fn a_refused_liveness_receive_is_not_posted_again_at_once() {
     let at = text.find("endpoints = [0]\n").unwrap();
     text.insert_str(at, &format!("cores = [{cpu}]\n"));
     std::fs::write(&config, &text).unwrap();
-    let a = Daemon::start(&config, "server", &dir, "server.log");
-    let memif = dir.path("memif.sock");
-    wait_for(Duration::from_secs(10), "the memif socket", || {
-        memif.exists().then_some(())
-    });
-    let cluster = ClusterConfig::load(&config).unwrap();
-    let node = emx::runtime::start_node(&cluster.node_config(2).unwrap()).unwrap();
+    let (a, node) = server_and_bare_client(&dir, &config);
     let status = wait_for(Duration::from_secs(10), "emxd's status", || {
         let s = a.json(&["status"]);
         (s["ok"] == true).then_some(s)

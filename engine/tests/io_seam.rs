@@ -153,22 +153,25 @@ fn fault_drop_rate_is_seeded_and_adjustable() {
     assert_eq!(pump(&mut a, dst, &mut b, 100, Duration::ZERO).len(), 100);
 }
 
+/// A pair whose second port delays what it receives by `delay`: the
+/// first port, the second's MAC, and the second behind its injector.
+fn delayed(delay: Duration, seed: u64) -> (MemIo, [u8; 6], Faulty<MemIo>) {
+    let (a, b) = MemNetwork::pair(1500);
+    let dst = b.mac();
+    let cfg = FaultConfig {
+        delay,
+        ..FaultConfig::default()
+    };
+    (a, dst, Faulty::new(b, cfg, seed))
+}
+
 /// A delay lowered while frames are held keeps the link in order: frames
 /// taken after the change wait behind those held under the old delay. They
 /// used to be due at once and overtake every held frame, a reordering
 /// nobody asked for and `reordered` did not count.
 #[test]
 fn a_delay_lowered_while_frames_are_held_keeps_order() {
-    let (mut a, b) = MemNetwork::pair(1500);
-    let dst = b.mac();
-    let mut b = Faulty::new(
-        b,
-        FaultConfig {
-            delay: Duration::from_millis(20),
-            ..FaultConfig::default()
-        },
-        11,
-    );
+    let (mut a, dst, mut b) = delayed(Duration::from_millis(20), 11);
     let mut out: Vec<MemFrame> = (0..10).map(|i| frame(&mut a, dst, i, 100)).collect();
     a.send(&mut out);
     let mut inb = Vec::with_capacity(64);
@@ -264,16 +267,7 @@ fn fault_duplicate_reorder_corrupt_delay() {
 /// held ones, with nothing counted.)
 #[test]
 fn a_full_hold_queue_lets_the_oldest_go_first() {
-    let (mut a, b) = MemNetwork::pair(1500);
-    let dst = b.mac();
-    let mut b = Faulty::new(
-        b,
-        FaultConfig {
-            delay: Duration::from_secs(60),
-            ..FaultConfig::default()
-        },
-        5,
-    );
+    let (mut a, dst, mut b) = delayed(Duration::from_secs(60), 5);
     let got = pump(&mut a, dst, &mut b, 6000, Duration::from_millis(5));
     let st = b.fault_stats();
     assert_eq!(got, (0..6000 - 4096).collect::<Vec<_>>(), "oldest first");

@@ -676,13 +676,7 @@ fn messages_acknowledged_behind_a_lost_one_are_kept_when_their_peer_is_given_up(
 #[test]
 fn a_restart_on_a_new_address_with_an_earlier_epoch_is_taken_after_a_silence() {
     let cfg = cfg();
-    let mut sim: TestSim = emx::sim::Sim::new(LinkConfig::default());
-    let mut c0: TestCore = Core::new(cfg.clone(), addr(0), mac(0), 1, Time::ZERO).unwrap();
-    c0.add_peer(addr(1), MacAddr::BROADCAST).unwrap();
-    sim.add_core(c0);
-    sim.add_core(make_core(&cfg, 1, 2, 1000, Time::ZERO));
-    transfer(&mut sim, 1, 0, 1000, 1);
-    assert_eq!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch, 1000);
+    let mut sim = node_1_learnt_at_epoch_1000(&cfg);
     let now = sim.now();
     let mut c1: TestCore = Core::new(cfg.clone(), addr(1), mac(5), 900, now).unwrap();
     c1.add_peer(addr(0), mac(0)).unwrap();
@@ -692,6 +686,19 @@ fn a_restart_on_a_new_address_with_an_earlier_epoch_is_taken_after_a_silence() {
     transfer(&mut sim, 0, 1, 1000, 3);
     let info = sim.core_ref(0).peer_info(PeerId(0)).unwrap();
     assert_eq!(info.epoch, 900);
+}
+
+/// Node 0 knows node 1 without its MAC (to be learnt) and learns it, and
+/// its epoch (1000), from a message node 1 sends.
+fn node_1_learnt_at_epoch_1000(cfg: &CoreConfig) -> TestSim {
+    let mut sim: TestSim = emx::sim::Sim::new(LinkConfig::default());
+    let mut c0: TestCore = Core::new(cfg.clone(), addr(0), mac(0), 1, Time::ZERO).unwrap();
+    c0.add_peer(addr(1), MacAddr::BROADCAST).unwrap();
+    sim.add_core(c0);
+    sim.add_core(make_core(cfg, 1, 2, 1000, Time::ZERO));
+    transfer(&mut sim, 1, 0, 1000, 1);
+    assert_eq!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch, 1000);
+    sim
 }
 
 /// Messages kept behind a lost one, arrived in reverse order, are matched in
@@ -921,13 +928,7 @@ fn two_stale_beliefs_do_not_greet_each_other_for_ever() {
 #[test]
 fn greetings_after_a_reconnect_find_a_peer_that_moved() {
     let cfg = cfg();
-    let mut sim: TestSim = emx::sim::Sim::new(LinkConfig::default());
-    let mut c0: TestCore = Core::new(cfg.clone(), addr(0), mac(0), 1, Time::ZERO).unwrap();
-    c0.add_peer(addr(1), MacAddr::BROADCAST).unwrap();
-    sim.add_core(c0);
-    sim.add_core(make_core(&cfg, 1, 2, 1000, Time::ZERO));
-    transfer(&mut sim, 1, 0, 1000, 1);
-    assert_eq!(sim.core_ref(0).peer_info(PeerId(0)).unwrap().epoch, 1000);
+    let mut sim = node_1_learnt_at_epoch_1000(&cfg);
     // Node 1 goes down; node 0, waiting on it, gives it up.
     sim.set_up(1, false);
     let now = sim.now();
