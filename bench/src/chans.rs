@@ -205,6 +205,21 @@ impl Chans {
             .side
     }
 
+    /// The emx side of endpoint `ep`, for a stream: the other emx channel's
+    /// idle buffers go back to the region first. The two channels share the
+    /// region, and each keeps its buffers for its next round, so a stream
+    /// of a window of large messages on one found the region half taken by
+    /// the other (bibw at 1 MiB with `--window 40`, which `check_windows`
+    /// lets through, failed on emx-thread's buffers).
+    pub(crate) fn stream_side(&mut self, ep: usize) -> &mut EmxSide {
+        for (i, c) in self.emx.iter_mut().enumerate() {
+            if let Some(c) = c.as_mut().filter(|_| i != ep) {
+                c.side.release_idle();
+            }
+        }
+        self.side(ep)
+    }
+
     /// The open emx sides.
     pub(crate) fn sides(&mut self) -> impl Iterator<Item = &mut EmxSide> {
         self.emx.iter_mut().flatten().map(|c| &mut c.side)
@@ -309,6 +324,16 @@ impl EmxSide {
             size: usize::MAX,
             posted: VecDeque::new(),
             sends: VecDeque::new(),
+        }
+    }
+
+    /// Lets the buffers go back to the region, when no request holds any
+    /// (a range that frames still refer to goes back once they let go).
+    fn release_idle(&mut self) {
+        if self.posted.is_empty() && self.sends.is_empty() {
+            self.free.clear();
+            self.one = None;
+            self.size = usize::MAX;
         }
     }
 

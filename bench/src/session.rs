@@ -1415,7 +1415,7 @@ impl Session {
         })?;
         let warm = ticks(pace.warmup_us(), self.hz);
         let control = &mut self.control;
-        let s = self.chans.side(ep);
+        let s = self.chans.stream_side(ep);
         s.stream_buffers(size, window, true, bidir, sends)?;
         // In bibw, where this side progresses inline, its counters once its
         // receives are posted: what came back while the echo took the
@@ -1905,7 +1905,7 @@ impl Echo {
                         sends,
                         ..
                     } => {
-                        let s = self.chans.side(ep);
+                        let s = self.chans.stream_side(ep);
                         s.stream_buffers(size, depth, back, true, sends)?;
                         if s.inline {
                             unexpected_at = Some(s.core_stats()?.unexpected);

@@ -1223,3 +1223,29 @@ fn veth_over_af_xdp() {
         }
     }
 }
+
+/// Both emx channels stream with the largest window `--window` allows at a
+/// size: the two share one registered region, and the channel that does
+/// not stream lets its idle buffers go first. emx-thread's bibw at 1 MiB
+/// with `--window 40` used to stop the run ("no free range of that size in
+/// the region"), emx's buffers from its own round still held.
+#[test]
+fn both_emx_channels_stream_with_the_largest_window() {
+    let r = json(&[
+        "--test",
+        "bibw",
+        "--sizes",
+        "1M",
+        "--window",
+        "40",
+        "--transports",
+        "raw,emx,emx-thread",
+    ]);
+    let rows = check_rows(&r, "bibw");
+    for t in ["emx", "emx-thread"] {
+        assert!(
+            rows.iter().any(|row| row["transport"] == t),
+            "no {t} row: {r}"
+        );
+    }
+}
