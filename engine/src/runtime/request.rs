@@ -160,8 +160,8 @@ pub(crate) struct Requests {
 static NEXT_TABLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Requests {
-    /// A table for `max_sends` sends and `max_recvs` receives pending, and
-    /// as many finished and not yet taken.
+    /// A table for `max_sends` sends and `max_recvs` receives, pending or
+    /// finished and not yet taken (one slot each until it is taken).
     pub(crate) fn new(max_sends: usize, max_recvs: usize) -> Requests {
         let n = max_sends + max_recvs;
         assert!(n <= 1 << INDEX_BITS, "at most 2^25 requests");
@@ -250,9 +250,13 @@ impl Requests {
         self.slots[r.index()].core = Some(id);
     }
 
+    /// The core's id of `r` while it is pending. Not once it finished: the
+    /// core may have given that slot to a newer request, whose id the old
+    /// one matches again once the core's generations wrap (2^31 uses of a
+    /// slot), and a cancel of the finished handle would cancel it.
     pub(crate) fn core_id(&self, r: Request) -> Option<RequestId> {
         self.slot(r)
-            .filter(|s| s.gen == r.gen())
+            .filter(|s| s.gen == r.gen() && matches!(s.state, State::Pending))
             .and_then(|s| s.core)
     }
 
@@ -351,5 +355,24 @@ mod tests {
         assert!(matches!(a.is_done(kept), Err(Error::UnknownRequest)));
         assert!(matches!(b.is_done(kept), Ok(false)));
         assert!(matches!(a.is_done(r), Ok(false)));
+    }
+
+    /// A finished request, not yet taken, has no core id any more: the
+    /// core's slot may be a newer request's, which a cancel of the old
+    /// handle would hit once the core's generations wrapped.
+    #[test]
+    fn a_finished_request_has_no_core_id() {
+        let mut t = Requests::new(2, 2);
+        let r = t.alloc(Kind::Recv).unwrap();
+        t.set_core(r, RequestId::recv(0, 1));
+        assert_eq!(t.core_id(r), Some(RequestId::recv(0, 1)));
+        t.complete(
+            r,
+            Completed {
+                buf: Buf::Recv(RecvBuf::Owned(Vec::new())),
+                result: Err(Error::ShutDown),
+            },
+        );
+        assert_eq!(t.core_id(r), None);
     }
 }
