@@ -450,7 +450,8 @@ fn joined(pool: &Mempool, from: &Port, to: &Port) -> Result<(), String> {
     let mut arrived = None::<std::time::Instant>;
     // Until it came, and 50 ms more to take any copy sent again.
     while arrived.is_none_or(|t| t.elapsed() < Duration::from_millis(50)) {
-        if start.elapsed() > Duration::from_secs(2) {
+        // (A probe that came just before the deadline still gets its 50 ms.)
+        if arrived.is_none() && start.elapsed() > Duration::from_secs(2) {
             // Did they come back to the sender? (And its pool gets them back.)
             let mut back = false;
             if let Ok(mut own) = from.rx_queue(0) {
