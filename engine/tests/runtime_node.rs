@@ -189,3 +189,19 @@ fn two_nodes_of_one_number_in_one_process() {
     let b = start_node_on(&eal, &nodes[1].link, &nodes[1].engine).unwrap();
     assert_ne!(a.pool.name(), b.pool.name());
 }
+
+/// Memory registered under an EAL started without hugepages is on ordinary
+/// pages, free hugepages or not: `hugepages = "never"` keeps the node off
+/// them. The region used to take free hugepages regardless.
+#[test]
+fn registered_memory_follows_an_eal_without_hugepages() {
+    let cfg = EalConfig {
+        hugepages: emx::runtime::Hugepages::Never,
+        memory_mb: 128,
+        ..EalConfig::default()
+    };
+    let eal = cfg.start().unwrap();
+    assert!(!eal.uses_hugepages());
+    let region = emx::runtime::register_memory(&eal, 4 << 20).unwrap();
+    assert!(!region.is_hugepages());
+}

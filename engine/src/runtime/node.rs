@@ -152,13 +152,19 @@ pub struct Node {
     pub eal: Eal,
 }
 
-/// Registers `len` bytes of memory for zero-copy sends: hugepages when there
-/// are free ones, ordinary pages otherwise, with a warning (ordinary pages are
-/// slower for the NIC to reach and need locking). Carve message buffers out of
+/// Registers `len` bytes of memory for zero-copy sends: hugepages when the
+/// EAL runs on them and there are free ones, ordinary pages otherwise, with a
+/// warning when hugepages were meant to be used (ordinary pages are slower
+/// for the NIC to reach and need locking). An EAL started without hugepages
+/// (`hugepages = "never"`, or none usable) gets ordinary pages: the region
+/// used to take free hugepages regardless. Carve message buffers out of
 /// it with [`ExtMem::alloc`](dpdk_ffi::ExtMem::alloc), and map it for each
 /// port that sends from it with [`ExtMem::dma_map`](dpdk_ffi::ExtMem::dma_map):
 /// a NIC behind VFIO cannot reach it otherwise.
 pub fn register_memory(eal: &Eal, len: usize) -> Result<dpdk_ffi::ExtMem, Error> {
+    if !eal.uses_hugepages() {
+        return Ok(dpdk_ffi::ExtMem::with_pages(eal, len, false)?);
+    }
     let region = dpdk_ffi::ExtMem::new(eal, len)?;
     if !region.is_hugepages() {
         tracing::warn!(
