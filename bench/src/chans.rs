@@ -395,19 +395,29 @@ impl EmxSide {
     }
 
     pub(crate) fn post(&mut self, tag: u64) -> bool {
-        let Some(b) = self.free.pop() else {
-            return false;
-        };
-        match self.ep.irecv(Some(self.peer), tag, u64::MAX, b.recv()) {
-            Ok(r) => {
-                self.posted.push_back(r);
-                true
-            }
-            Err(r) => {
-                self.free.push(r.buf.into());
-                false
+        // A buffer that frames still refer to (a driver that lets go of
+        // sent frames late) is refused as busy: it goes to the bottom and
+        // the next is tried. (It went back on top, to be tried again, and
+        // refused again, on every call while others were writable.)
+        for _ in 0..self.free.len() {
+            let Some(b) = self.free.pop() else {
+                return false;
+            };
+            match self.ep.irecv(Some(self.peer), tag, u64::MAX, b.recv()) {
+                Ok(r) => {
+                    self.posted.push_back(r);
+                    return true;
+                }
+                Err(r) if matches!(r.error, emx::runtime::Error::BufferBusy) => {
+                    self.free.insert(0, r.buf.into());
+                }
+                Err(r) => {
+                    self.free.push(r.buf.into());
+                    return false;
+                }
             }
         }
+        false
     }
 
     /// The endpoint's own counters (its messages: completed, and those that
@@ -550,5 +560,36 @@ impl EmxSide {
             self.sent(c.into_send().map_err(|e| e.to_string())?);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A buffer that something still refers to (as frames a driver has not
+    /// let go of yet) does not keep the free ones from being posted: it was
+    /// tried first on every call, refused as busy every time.
+    #[test]
+    fn a_busy_buffer_does_not_block_the_free_ones() {
+        let eal = dpdk_ffi::Eal::builder()
+            .hugepages(dpdk_ffi::HugepageMode::Never)
+            .init()
+            .unwrap();
+        let region = ExtMem::with_pages(&eal, 1 << 20, false).unwrap();
+        use emx::io::PacketIo;
+        let (ia, ib) = emx::io::MemNetwork::pair(1500);
+        let mut engine = Engine::start(&EngineConfig::with_peer(1, 2, ib.mac()), ia).unwrap();
+        let mut s = EmxSide::new(engine.endpoint().unwrap(), Addr::new(2, 0), region, true);
+        s.buffers(4096, 2, SendBuffers::Multiple).unwrap();
+        let Some(Mem::Ext(top)) = s.free.last() else {
+            panic!("two registered buffers")
+        };
+        let held = top.share().unwrap();
+        assert!(s.post(1), "the other buffer is writable");
+        assert!(!s.post(2), "none left but the busy one");
+        assert_eq!(s.free.len(), 1);
+        drop(held);
+        assert!(s.post(3), "writable again");
     }
 }
