@@ -154,7 +154,7 @@ fn a_pool_larger_than_the_eal_memory_says_what_to_give() {
         "{msg}"
     );
     assert!(
-        msg.contains("give the EAL more memory (memory.memory_mb"),
+        msg.contains("give the EAL more memory: memory_mb at least"),
         "{msg}"
     );
 }

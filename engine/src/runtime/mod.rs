@@ -158,9 +158,11 @@ fn pool_fix(hugepages: bool, mib: u64) -> String {
             need = mib + 64
         )
     } else {
-        "give the EAL more memory (memory.memory_mb in a cluster file, EalConfig::memory_mb), \
-         fewer mbufs or a smaller MTU"
-            .into()
+        format!(
+            "give the EAL more memory: memory_mb at least {need} (memory.memory_mb in a \
+             cluster file, EalConfig::memory_mb), or use fewer mbufs or a smaller MTU",
+            need = mib + 64
+        )
     }
 }
 
@@ -204,6 +206,7 @@ mod tests {
         assert!(!huge.contains("give the EAL more memory"), "{huge}");
         let small = pool_error(false);
         assert!(small.contains("memory.memory_mb"), "{small}");
+        assert!(small.contains("memory_mb at least 719"), "{small}");
         assert!(!small.contains("hugepages"), "{small}");
     }
 }
