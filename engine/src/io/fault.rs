@@ -117,7 +117,7 @@ pub struct Faulty<L: PacketIo> {
     /// When the last frame in link order is due (a reordered one aside):
     /// later ones are due no earlier, so that a delay lowered while frames
     /// are held keeps them in order.
-    in_order_at: Option<Instant>,
+    in_order_at: Instant,
     incoming: Vec<L::Frame>,
     stats: FaultStats,
     /// The link, last: fields drop in order, and the frames above must go
@@ -137,7 +137,7 @@ impl<L: PacketIo> Faulty<L> {
             shared: handle.0,
             rng: SmallRng::seed_from_u64(seed),
             held: VecDeque::with_capacity(MAX_HELD),
-            in_order_at: None,
+            in_order_at: Instant::now(),
             incoming: Vec::with_capacity(256),
             stats: FaultStats::default(),
         }
@@ -245,8 +245,8 @@ impl<L: PacketIo> PacketIo for Faulty<L> {
                 self.stats.duplicated += 1;
             }
             for frame in std::iter::once(f).chain(copy) {
-                let mut at = self.in_order_at.map_or(now + delay, |t| t.max(now + delay));
-                self.in_order_at = Some(at);
+                let mut at = self.in_order_at.max(now + delay);
+                self.in_order_at = at;
                 if self.hit(reorder) && window > 0 {
                     at += Duration::from_nanos(self.rng.gen_range(0..window));
                     self.stats.reordered += 1;
