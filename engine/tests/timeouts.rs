@@ -202,3 +202,47 @@ fn a_window_without_loss_is_acknowledged_in_batches() {
         cfg.ack_every
     );
 }
+
+/// With a window over 64, frames that arrived while an earlier one was lost
+/// are acknowledged only once the loss is repaired, a timeout later: their
+/// round-trip samples would measure the repair, not the link. Only frames
+/// sent after the repair's retransmission give samples then (Karn's rule,
+/// carried to the acknowledgement the retransmission brings); the smoothed
+/// round trip stays what the link takes.
+#[test]
+fn frames_acknowledged_behind_a_repaired_loss_give_no_round_trip_samples() {
+    const M: u64 = 160;
+    let cfg = CoreConfig {
+        window: 256,
+        rto_min: Duration::from_micros(200),
+        ..CoreConfig::default()
+    };
+    let mut sim = make_sim(2, LinkConfig::default(), &cfg);
+    transfer(&mut sim, 0, 1, 1000, 1);
+    let srtt = |sim: &TestSim| sim.core_ref(0).peer_info(PeerId(0)).unwrap().srtt;
+    let before = srtt(&sim);
+    let now = sim.now();
+    for k in 0..M {
+        sim.core(1)
+            .post_recv(now, Some(addr(0)), 100 + k, !0, vec![0; LEN], 100 + k)
+            .unwrap();
+        sim.core(0)
+            .send(now, addr(1), 100 + k, pattern(k, LEN), 100 + k)
+            .unwrap();
+    }
+    // The first 65 frames are lost: what follows lies past the selective
+    // acknowledgement's reach, so only a timeout finds the loss.
+    for _ in 0..65 {
+        assert!(take_frame(&mut sim, 0).is_some());
+    }
+    let done = sim.run_until(now + Duration::from_millis(50), |sim| {
+        drain(sim);
+        sim.core_ref(0).peer_info(PeerId(0)).unwrap().in_flight == 0
+    });
+    assert!(done, "the messages were not all acknowledged");
+    let after = srtt(&sim);
+    assert!(
+        after < before * 3,
+        "smoothed round trip {before:?} before, {after:?} after the repair"
+    );
+}

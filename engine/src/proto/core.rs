@@ -677,6 +677,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             credit_used: p.credit_used,
             held: p.held,
             involved: p.involved,
+            srtt: p.rtt.srtt(),
+            rto: p.rtt.rto(self.rto_cap),
         })
     }
 

@@ -339,7 +339,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         let peer = &mut self.peers[p as usize];
         peer.latest_acked_sent = latest;
-        if sampled {
+        // Frames sent once but before a retransmission that this ack also
+        // covers waited for it at the receiver (past the selective ack's
+        // reach, with a window over 64, they are acknowledged only once the
+        // gap fills): their sample would measure the repair, a timeout long,
+        // not the link. Only frames sent after it date this ack.
+        if sampled && sample_from > latest_retx {
             peer.rtt
                 .sample(now - sample_from, self.cfg.rto_min, self.rto_cap);
         }

@@ -94,4 +94,8 @@ pub struct PeerInfo {
     pub held: u64,
     /// Requests that involve the peer.
     pub involved: u32,
+    /// Smoothed round-trip time (zero before the first sample).
+    pub srtt: core::time::Duration,
+    /// The retransmission timeout now, backoff included.
+    pub rto: core::time::Duration,
 }
