@@ -1053,11 +1053,13 @@ impl Backoff {
     const YIELDS: u32 = 100;
     const MIN_SLEEP_US: u64 = *IDLE_SLEEP_US.start();
 
+    /// `max_sleep_us` within [`IDLE_SLEEP_US`] (`Engine::start` checks it).
     fn new(spin_forever: bool, max_sleep_us: u64) -> Backoff {
+        debug_assert!(IDLE_SLEEP_US.contains(&max_sleep_us));
         Backoff {
             idle: 0,
             sleep_us: Self::MIN_SLEEP_US,
-            max_sleep_us: max_sleep_us.max(Self::MIN_SLEEP_US),
+            max_sleep_us,
             spin_forever,
         }
     }
