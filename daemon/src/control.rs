@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! > {"cmd":"peers"}
-//! < {"ok":true,"peers":[{"local":0,"node":2,"name":"client","endpoint":0,"mac":"02:00:00:00:00:02","state":"up","epoch":123,"silent_ms":0.4,...}]}
+//! < {"ok":true,"peers":[{"local":0,"node":2,"name":"client","endpoint":0,"mac":"02:00:00:00:00:02","state":"up","epoch":123,"silent_ms":0.4,"srtt_us":21.5,"rto_ms":1.0,...}]}
 //! > {"cmd":"check","sizes":[1000,1048576],"peer":"client"}
 //! < {"ok":true,"results":[{"node":2,"name":"client","endpoint":0,"size":1000,"ok":true,"rtt_us":35.2},...],"passed":2,"failed":0}
 //! > {"cmd":"bogus"}
@@ -244,6 +244,14 @@ pub struct PeerEntry {
     pub epoch: Option<u32>,
     /// Milliseconds since a frame of it was last accepted (`None`: never).
     pub silent_ms: Option<f64>,
+    /// Its session's smoothed round-trip time in microseconds (`None`: no
+    /// sample yet, or an emxd that does not report it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub srtt_us: Option<f64>,
+    /// Its session's retransmission timeout now, backoff included, in
+    /// milliseconds (`None` from an emxd that does not report it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rto_ms: Option<f64>,
     /// Frames sent to it.
     pub frames_sent: u64,
     /// Frames received from it.

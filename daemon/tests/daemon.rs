@@ -739,6 +739,8 @@ fn peers_reply(n: u16, state: PeerState) -> String {
             state,
             epoch: Some(1),
             silent_ms: Some(1.0),
+            srtt_us: Some(20.0),
+            rto_ms: Some(1.0),
             frames_sent: 0,
             frames_received: 0,
             bytes_sent: 0,
@@ -943,11 +945,26 @@ fn two_daemons_over_memif() {
     assert!(o.status.success(), "{out} {}", stderr(&o));
     let row = out.lines().find(|l| l.contains("client")).expect(&out);
     assert!(row.split_whitespace().any(|w| w == "up"), "{out}");
+    assert!(
+        out.contains(" SRTT_US ") && out.contains(" RTO_MS "),
+        "{out}"
+    );
 
     // Byte-exact echoes both ways, eager (up to 32 KiB) and rendezvous.
     let sizes = "0,1,1000,32768,32769,1M,4M,8M";
     check_passes(&a, sizes, 8);
     check_passes(&b, sizes, 8);
+    // Each side has timed the other's answers: a smoothed round trip, and a
+    // timeout within the protocol's defaults (rto_min 1 ms; rto_max 100 ms,
+    // capped at a quarter of the 300 ms liveness deadline).
+    for d in [&a, &b] {
+        let v = d.json(&["peers"]);
+        let p = &v["peers"][0];
+        let srtt = p["srtt_us"].as_f64().unwrap_or_else(|| panic!("{v}"));
+        assert!(srtt > 0.0 && srtt < 1e6, "{v}");
+        let rto = p["rto_ms"].as_f64().unwrap_or_else(|| panic!("{v}"));
+        assert!((1.0..=75.0).contains(&rto), "{v}");
+    }
     let o = b.ctl(&["check"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(

@@ -451,6 +451,10 @@ pub struct PeerStatus {
     pub down: bool,
     /// Time since a frame of it was last accepted (`None`: never).
     pub silent_for: Option<Duration>,
+    /// The smoothed round-trip time of its session (`None`: no sample yet).
+    pub srtt: Option<Duration>,
+    /// The retransmission timeout of its session now, backoff included.
+    pub rto: Duration,
     /// Its counters.
     pub stats: PeerStats,
 }
@@ -471,6 +475,8 @@ fn peer_status(core: &Core<SendBuf, RecvBuf>, now: crate::proto::Time) -> Vec<Pe
                 silent_for: core
                     .peer_last_heard(id)
                     .map(|t| Duration::from_nanos(now.0.saturating_sub(t.0))),
+                srtt: (!info.srtt.is_zero()).then_some(info.srtt),
+                rto: info.rto,
                 stats: *core.peer_stats(id).expect("listed peer"),
             }
         })

@@ -793,6 +793,8 @@ impl Station {
                 state: self.shown_state(p),
                 epoch: (p.epoch != 0).then_some(p.epoch),
                 silent_ms: p.silent_for.map(millis),
+                srtt_us: p.srtt.map(micros),
+                rto_ms: Some(millis(p.rto)),
                 frames_sent: p.stats.frames_sent,
                 frames_received: p.stats.frames_received,
                 bytes_sent: p.stats.bytes_sent,
@@ -817,6 +819,8 @@ impl Station {
                     state: PeerState::Unresolved,
                     epoch: None,
                     silent_ms: None,
+                    srtt_us: None,
+                    rto_ms: None,
                     frames_sent: 0,
                     frames_received: 0,
                     bytes_sent: 0,
@@ -962,4 +966,9 @@ pub fn state_of(p: &PeerStatus) -> PeerState {
 /// A duration in milliseconds, to a microsecond.
 fn millis(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// A duration in microseconds, to a tenth.
+fn micros(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e7).round() / 10.0
 }
