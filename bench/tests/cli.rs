@@ -50,13 +50,41 @@ fn json(args: &[&str]) -> Value {
     json_paced(args, &QUICK)
 }
 
-/// The JSON report of emx-bench run with `args` and the pacing options `pace`.
+/// The JSON report of emx-bench run with `args` and the pacing options `pace`,
+/// whose times fit in how long the run took ([`check_times`]).
 fn json_paced(args: &[&str], pace: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.push("--json");
+    let begun = Instant::now();
     let out = run_paced(&a, pace);
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    let took = begun.elapsed();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    check_times(&v, took);
+    v
+}
+
+/// The time a report's rows say they measured fits in `took`, the run's wall
+/// clock, as a figure off by a unit (milliseconds read as microseconds) would
+/// not in all but the shortest runs: each stream's seconds, and half of each
+/// latency row's round trips at least its smallest round's p50 (half of a
+/// round's round trips take at least its p50).
+fn check_times(report: &Value, took: Duration) {
+    let took = took.as_secs_f64();
+    let mut measured = 0.0;
+    for r in report["rows"].as_array().expect("rows") {
+        if r["latency"].is_object() {
+            let l = &r["latency"];
+            measured += f(l, "p50_min_ns") * f(l, "count") / 2.0 / 1e9;
+        }
+        if r["flow"].is_object() {
+            measured += f(&r["flow"], "seconds");
+        }
+    }
+    assert!(
+        measured > 0.0 && measured <= took,
+        "{measured} s measured in a run of {took} s: {report}"
+    );
 }
 
 fn f(v: &Value, k: &str) -> f64 {
@@ -82,12 +110,20 @@ fn check_rows(report: &Value, test: &str) -> Vec<Value> {
                 .iter()
                 .map(|k| f(l, k))
                 .collect();
-            assert!(p[0] > 0.0, "{r}");
+            // No round trip through a link takes under 100 ns (the
+            // fastest seen, raw memif between two cores, about 600).
+            assert!(p[0] >= 100.0, "{r}");
             assert!(
                 p.windows(2).all(|w| w[0] <= w[1]),
                 "percentiles in order: {r}"
             );
             assert!(l["count"].as_u64().unwrap() >= 3, "{r}");
+            let rounds = l["rounds_p50_ns"].as_array().expect("rounds_p50_ns");
+            assert_eq!(Some(rounds.len() as u64), report["rounds"].as_u64(), "{r}");
+            assert!(
+                f(l, "p50_min_ns") <= p[0] && p[0] <= f(l, "p50_max_ns"),
+                "the median round's p50 lies within the rounds': {r}"
+            );
         } else {
             let fl = &r["flow"];
             let (bytes, msgs, secs) = (f(fl, "bytes"), f(fl, "msgs"), f(fl, "seconds"));
@@ -106,7 +142,14 @@ fn check_rows(report: &Value, test: &str) -> Vec<Value> {
                 msgs * size <= bytes && bytes < (msgs + 1.0) * size.max(1.0),
                 "{msgs} messages of {size} bytes in {bytes} bytes: {r}"
             );
-            assert!(f(fl, "gbit_s_min") <= f(fl, "gbit_s_max"), "{r}");
+            // The whole is a mean of the rounds, weighted by their time.
+            let rounds = fl["rounds_gbit_s"].as_array().expect("rounds_gbit_s");
+            assert_eq!(Some(rounds.len() as u64), report["rounds"].as_u64(), "{r}");
+            let (lo, hi) = (f(fl, "gbit_s_min"), f(fl, "gbit_s_max"));
+            assert!(
+                lo <= f(fl, "gbit_s") * (1.0 + 1e-9) && f(fl, "gbit_s") <= hi * (1.0 + 1e-9),
+                "{r}"
+            );
             // Only kernel UDP loses stream messages for good.
             let lost = fl["lost"].as_u64().expect("lost");
             assert!(t == "udp" || lost == 0, "{r}");
@@ -122,12 +165,12 @@ fn check_rows(report: &Value, test: &str) -> Vec<Value> {
             assert!(f(p, "retransmits") <= sent, "{r}");
             // The echo side counts the frames it got twice, which tells a
             // frame sent again too soon from a lost one.
-            assert!(f(p, "echo_duplicates") >= 0.0, "{r}");
+            assert!(p["echo_duplicates"].is_u64(), "{r}");
             if test == "bandwidth" {
-                // Every message the receiver counted went out in whole
-                // frames (payload at most the MTU each), warm-up besides.
-                let size = r["size"].as_f64().unwrap();
-                let least = f(&r["flow"], "msgs") * (size / f(report, "mtu")).floor();
+                // Every byte the receiver counted went out in frames of at
+                // most the MTU each (small messages several to a frame),
+                // warm-up besides.
+                let least = (f(&r["flow"], "bytes") / f(report, "mtu")).ceil();
                 assert!(sent >= least, "{r}");
             }
             // The receiving side's messages, warm-up besides: counted in

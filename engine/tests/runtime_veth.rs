@@ -115,13 +115,25 @@ fn namespaces_over_af_packet_256_mib() {
             ])
             .env(ROLE, role)
             .env(IFACE, &bed.ifs[i])
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("spawn a peer in its namespace")
     };
-    let mut receiver = spawn(1, "receiver");
-    let mut sender = spawn(0, "sender");
-    let (s, r) = (sender.wait().unwrap(), receiver.wait().unwrap());
-    assert!(s.success() && r.success(), "sender: {s}, receiver: {r}");
+    let receiver = spawn(1, "receiver");
+    let sender = spawn(0, "sender");
+    let (s, r) = (
+        sender.wait_with_output().unwrap(),
+        receiver.wait_with_output().unwrap(),
+    );
+    for (who, o) in [("sender", &s), ("receiver", &r)] {
+        // Ran the peer, not nothing (a filter that matched no test passes).
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("test result: ok. 1 passed"),
+            "{who}: {}: {out}",
+            o.status
+        );
+    }
 }
 
 #[test]
