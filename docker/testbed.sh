@@ -114,7 +114,7 @@ cleanup() {
         compose logs --tail 20 2>/dev/null || true
     fi
     if [ -n "${EMX_KEEP:-}" ]; then
-        # The containers mount the cluster file from $WORK: it stays with them.
+        # $WORK keeps the compose file the commands below need.
         say "kept (EMX_KEEP): project $PROJECT, files in $WORK"
         say "  look: ${COMPOSE[*]} -p $PROJECT -f $WORK/compose.yml exec n1 emxctl --control /run/emx/emxd.sock peers"
         say "  remove: ${COMPOSE[*]} -p $PROJECT -f $WORK/compose.yml down --volumes --timeout 5 && rm -rf $WORK"
@@ -144,8 +144,6 @@ chmod 644 "$WORK/cluster.toml"
       EMX_NODE: n$i
       EMX_TAP: $TAP
     command: ["--control", "/run/emx/emxd.sock"]
-    volumes:
-      - $WORK/cluster.toml:/etc/emx/cluster.toml:ro
     cap_add: [NET_RAW, NET_ADMIN, IPC_LOCK]
     devices: [$DEVICES]
     stop_signal: SIGTERM
@@ -158,12 +156,12 @@ YAML
 } > "$WORK/compose.yml"
 
 ctl() { local i=$1; shift; compose exec -T "n$i" /usr/local/bin/emxctl --control /run/emx/emxd.sock "$@"; }
-running() {
-    local cid
-    cid=$(docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" \
-        --filter "label=com.docker.compose.service=n$1")
-    [ "$(docker inspect -f '{{.State.Running}}' "$cid")" = true ]
+# Node $1's container, running or not.
+cid_of() {
+    docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" \
+        --filter "label=com.docker.compose.service=n$1"
 }
+running() { [ "$(docker inspect -f '{{.State.Running}}' "$(cid_of "$1")")" = true ]; }
 wait_up() {
     for _ in $(seq 1 200); do
         running "$1" || { say "n$1 stopped"; return 1; }
@@ -176,8 +174,7 @@ wait_up() {
 stop_node() {
     local cid rc
     compose stop -t 10 "n$1" >/dev/null
-    cid=$(docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" \
-        --filter "label=com.docker.compose.service=n$1")
+    cid=$(cid_of "$1")
     rc=$(docker inspect -f '{{.State.ExitCode}}' "$cid")
     [ "$rc" = 0 ] || { say "emxd in n$1 exited $rc on SIGTERM"; return 1; }
 }
@@ -213,7 +210,14 @@ say "project $PROJECT: starting $N containers of $IMAGE"
 # tree's build-image prunes old ones) would send it to a registry.
 docker image inspect "$IMAGE" >/dev/null 2>&1 \
     || { echo "docker testbed: image $IMAGE is gone since it was built; run again" >&2; exit 1; }
-compose up -d >/dev/null 2>&1 || compose up -d
+compose up --no-start >/dev/null 2>&1 || compose up --no-start
+# The cluster file goes in by copy, not by a bind mount of $WORK: a Docker
+# that cannot see this machine's /tmp (snap's, whose /tmp is its own, or one
+# outside this container) gets it too.
+for i in $(seq 1 "$N"); do
+    docker cp "$WORK/cluster.toml" "$(cid_of "$i"):/etc/emx/cluster.toml" >/dev/null
+done
+compose start >/dev/null 2>&1 || compose start
 if [ -n "$TAP" ]; then
     wait_up 1
     tap_mac_is_repaired
