@@ -45,8 +45,26 @@ fi
 gen=target/pgo-gen
 use=target/pgo
 mkdir -p "$use"
+
+# Runs cargo with the caller's rustc flags and one more: in cargo's encoded
+# list (flags split by 0x1f), where a profile path with a space in it stays
+# one flag (RUSTFLAGS is split at spaces).
+with_flag() {
+    local flag=$1 list
+    shift
+    if [ -n "${CARGO_ENCODED_RUSTFLAGS:-}" ]; then
+        list="$CARGO_ENCODED_RUSTFLAGS"$'\x1f'
+    else
+        local -a words=()
+        read -ra words <<<"${RUSTFLAGS:-}"
+        list=""
+        for w in "${words[@]}"; do list+="$w"$'\x1f'; done
+    fi
+    CARGO_ENCODED_RUSTFLAGS="$list$flag" RUSTFLAGS= "$@"
+}
+
 say "instrumented build ($gen)"
-RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$PWD/$gen/profiles" \
+with_flag "-Cprofile-generate=$PWD/$gen/profiles" \
     cargo build --release --quiet -p emx-bench --target-dir "$gen"
 
 # One profile per instrumented binary: a changed binary trains again, and the
@@ -65,6 +83,6 @@ if [ ! -s "$profile" ]; then
     "$profdata" merge -o "$profile" "$gen/profiles"
 fi
 say "optimized build ($use)"
-RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$profile" \
+with_flag "-Cprofile-use=$profile" \
     cargo build --release --quiet -p emx-bench --target-dir "$use"
 exec "$use/release/emx-bench" "$@"
