@@ -23,6 +23,9 @@ impl Frame for Mbuf {
         }
         self.data_mut().ok()
     }
+    fn first_segment_mut(&mut self) -> Option<&mut [u8]> {
+        self.data_mut().ok()
+    }
     fn into_lent(self, offset: usize, len: usize) -> Lent {
         Lent::new(LentFrame::Mbuf(self), offset, len)
     }

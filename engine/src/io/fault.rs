@@ -33,7 +33,9 @@ pub struct FaultConfig {
     pub reorder: f64,
     /// How long a reordered frame may be held.
     pub reorder_window: Duration,
-    /// Flip one random bit of the frame.
+    /// Flip one random bit of the frame: anywhere in a one-segment frame,
+    /// in the first segment of a chained one (see
+    /// [`FaultStats::not_corrupted`]).
     pub corrupt: f64,
     /// Deliver every frame this much later.
     pub delay: Duration,
@@ -65,6 +67,9 @@ pub struct FaultStats {
     pub reordered: u64,
     /// Frames with a flipped bit.
     pub corrupted: u64,
+    /// Frames drawn for corruption whose bytes could not be written (data
+    /// shared with another owner, or empty), delivered as they were.
+    pub not_corrupted: u64,
     /// Frames delivered through the hold queue: delayed, reordered, or
     /// behind a frame that was.
     pub held: u64,
@@ -230,10 +235,12 @@ impl<L: PacketIo> PacketIo for Faulty<L> {
                 continue;
             }
             if self.hit(corrupt) {
-                if let Some(bytes) = f.bytes_mut().filter(|b| !b.is_empty()) {
+                if let Some(bytes) = f.first_segment_mut().filter(|b| !b.is_empty()) {
                     let bit = self.rng.gen_range(0..bytes.len() * 8);
                     bytes[bit / 8] ^= 1 << (bit % 8);
                     self.stats.corrupted += 1;
+                } else {
+                    self.stats.not_corrupted += 1;
                 }
             }
             let copy = if self.hit(dup) {

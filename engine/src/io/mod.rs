@@ -229,6 +229,13 @@ pub trait Frame {
     /// segment): where the driver writes each header (and the fault
     /// injector corrupts frames).
     fn bytes_mut(&mut self) -> Option<&mut [u8]>;
+    /// The first segment's bytes to modify in place, when the frame owns
+    /// them: all of a one-segment frame, the head (the header, and the
+    /// payload's start) of a chained one. Where the fault injector flips
+    /// bits.
+    fn first_segment_mut(&mut self) -> Option<&mut [u8]> {
+        self.bytes_mut()
+    }
     /// Keeps this (contiguous) frame for the application, which reads bytes
     /// `offset..offset + len` of it in place.
     ///
