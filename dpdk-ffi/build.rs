@@ -54,6 +54,12 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/emx_shim.h");
     println!("cargo:rerun-if-changed=shim/emx_shim.c");
     println!("cargo:rerun-if-env-changed=EMX_DPDK_STATIC");
+    // Drivers are linked in (a static build) or loaded from the PMD
+    // directory (see `driver_missing` in src/port.rs).
+    println!("cargo::rustc-check-cfg=cfg(emx_dpdk_static)");
+    if env::var_os("EMX_DPDK_STATIC").is_some() {
+        println!("cargo:rustc-cfg=emx_dpdk_static");
+    }
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
 
     let dpdk = match pkg_config::Config::new()
