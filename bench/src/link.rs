@@ -139,6 +139,14 @@ impl Link {
     /// Two ports from EAL devargs in this process, joined outside it (a
     /// cable between two NIC ports, or two virtual devices that meet).
     fn devargs_pair(eal: &Eal, pool: &Mempool, mtu: u16, a: &str, b: &str) -> Result<Link, String> {
+        let name = |d: &str| d.split(',').next().unwrap_or_default().trim().to_owned();
+        if name(a) == name(b) {
+            return Err(format!(
+                "both --devargs name the device `{}`: each port needs a name of its own \
+                 (net_memif0 and net_memif1, say; or two PCI addresses)",
+                name(a)
+            ));
+        }
         let a = devargs_port(eal, pool, mtu, a)?;
         let b = devargs_port(eal, pool, mtu, b)?;
         for p in [&a, &b] {

@@ -24,7 +24,7 @@ use core_affinity::CoreId;
 use dpdk_ffi::{Eal, HugepageMode, Mempool};
 use serde::{Deserialize, Serialize};
 
-use crate::link::{End, Link, SideSpec};
+use crate::link::{End, Link, SideSpec, EMX_INLINE, RAW};
 use crate::session::{await_switch, spawn_echo, start_eal, Cmd, Counters, Ctl, EchoThread};
 
 /// A request from the client.
@@ -578,6 +578,52 @@ fn start_echo(
 /// it, obeys its requests until it says goodbye or goes away, then stops the
 /// thread and frees the server (`release`), before it answers the goodbye so
 /// that a client started right after this one finds the server free.
+/// Why the echo thread must not be given a client's command: it trusts its
+/// commands, as its own process's pinger sends them (a frame of no bytes
+/// divides by zero, an endpoint past the two indexes out of bounds, a
+/// channel not opened is unwrapped, and a huge depth asks for buffers until
+/// memory runs out). A client of another version, or no emx-bench at all,
+/// gets an answer instead. `open` says which channels it opened.
+fn refused(cmd: &Cmd, open: &[bool; 3], mtu: u16) -> Option<String> {
+    const MAX_SIZE: usize = 8 << 20;
+    let per_max = usize::from(mtu).saturating_sub(8);
+    let raw = |size: usize, per: usize| {
+        if !open[RAW] {
+            Some("the raw channel is not open".to_owned())
+        } else if per == 0 || per > per_max || size > MAX_SIZE {
+            Some(format!(
+                "raw messages of {size} B in frames of {per} B (at most 8 MiB, in frames of 1 to {per_max} B)"
+            ))
+        } else {
+            None
+        }
+    };
+    let emx = |ep: usize, size: usize| {
+        if !(ep < 2 && open[EMX_INLINE + ep]) {
+            Some(format!("endpoint {ep}'s channel is not open"))
+        } else if size > MAX_SIZE {
+            Some(format!("emx messages of {size} B (at most 8 MiB)"))
+        } else {
+            None
+        }
+    };
+    match *cmd {
+        Cmd::Open { chan } if chan >= open.len() => Some(format!("there is no channel {chan}")),
+        Cmd::RawPong { size, per } => raw(size, per),
+        Cmd::RawSink { back, .. } => raw(back.map_or(0, |b| b.0), back.map_or(1, |b| b.1)),
+        Cmd::EmxPong { ep, size } => emx(ep, size),
+        Cmd::EmxSink {
+            ep, size, depth, ..
+        } => emx(ep, size).or_else(|| {
+            (depth == 0
+                || depth > crate::MAX_WINDOW
+                || depth.saturating_mul(size.max(1)).saturating_mul(2) > crate::session::REGION)
+                .then(|| format!("{depth} messages of {size} B in flight"))
+        }),
+        _ => None,
+    }
+}
+
 fn serve_client(
     eal: &Eal,
     pool: &Mempool,
@@ -644,6 +690,8 @@ fn serve_client(
     let greeted = send_answer(&mut writer, &Answer::Hello { macs: ours });
     let hz = dpdk_ffi::tsc_hz(eal) as f64;
     let mut bye = false;
+    // The channels the client opened (the echo thread's, by number).
+    let mut open = [false; 3];
     let result = loop {
         if let Err(e) = &greeted {
             break Err(e.clone());
@@ -654,13 +702,23 @@ fn serve_client(
             Err(e) => break Err(e),
         };
         let a = match req {
-            Request::Command(cmd) => {
-                let gen = ctl.switch(cmd);
-                match await_switch(&ctl, gen, &mut thread, &mut || {}) {
-                    Ok(()) => Answer::Running(gen),
-                    Err(e) => Answer::Failed(e),
+            Request::Command(cmd) => match refused(&cmd, &open, mtu) {
+                Some(why) => Answer::Failed(format!("command refused: {why}")),
+                None => {
+                    let gen = ctl.switch(cmd);
+                    match await_switch(&ctl, gen, &mut thread, &mut || {}) {
+                        Ok(()) => {
+                            match cmd {
+                                Cmd::Open { chan } => open[chan] = true,
+                                Cmd::Close => open = [false; 3],
+                                _ => {}
+                            }
+                            Answer::Running(gen)
+                        }
+                        Err(e) => Answer::Failed(e),
+                    }
                 }
-            }
+            },
             Request::Stop => {
                 ctl.stop();
                 Answer::Done
@@ -704,6 +762,80 @@ mod tests {
     /// Requests are read a line each; a line that does not end is refused
     /// past the limit rather than kept growing; a closed connection is the
     /// end of the requests.
+    /// Commands the echo thread would panic on, or run out of memory for,
+    /// are answered instead; its own pinger's pass.
+    #[test]
+    fn commands_the_echo_cannot_carry_out_are_refused() {
+        use crate::session::Cmd;
+        let none = [false; 3];
+        let all = [true; 3];
+        let sink = |ep, size, depth| Cmd::EmxSink {
+            ep,
+            size,
+            depth,
+            back: false,
+            sends: crate::session::SendBuffers::Multiple,
+            warmup_us: 0,
+        };
+        let bad = [
+            (Cmd::Open { chan: 3 }, all),
+            (Cmd::RawPong { size: 8, per: 0 }, all),
+            (Cmd::RawPong { size: 8, per: 9000 }, all),
+            (
+                Cmd::RawPong {
+                    size: 9 << 20,
+                    per: 8000,
+                },
+                all,
+            ),
+            (Cmd::RawPong { size: 8, per: 100 }, none),
+            (
+                Cmd::RawSink {
+                    back: Some((8, 0)),
+                    warmup_us: 0,
+                },
+                all,
+            ),
+            (
+                Cmd::RawSink {
+                    back: None,
+                    warmup_us: 0,
+                },
+                none,
+            ),
+            (Cmd::EmxPong { ep: 7, size: 8 }, all),
+            (Cmd::EmxPong { ep: 1, size: 8 }, [true, true, false]),
+            (sink(0, 0, usize::MAX), all),
+            (sink(0, 1 << 20, 41), all),
+            (sink(0, 8, 0), all),
+        ];
+        for (cmd, open) in bad {
+            assert!(
+                refused(&cmd, &open, 9000).is_some(),
+                "{cmd:?} with {open:?}"
+            );
+        }
+        let good = [
+            Cmd::Open { chan: 2 },
+            Cmd::RawPong { size: 0, per: 8992 },
+            Cmd::RawPong {
+                size: 8 << 20,
+                per: 8992,
+            },
+            Cmd::EmxPong {
+                ep: 1,
+                size: 8 << 20,
+            },
+            sink(1, 1 << 20, 40),
+            sink(0, 8, crate::MAX_WINDOW),
+            Cmd::Close,
+            Cmd::FfiPong,
+        ];
+        for cmd in good {
+            assert_eq!(refused(&cmd, &all, 9000), None, "{cmd:?}");
+        }
+    }
+
     #[test]
     fn requests_are_lines_of_bounded_length() {
         let (mut r, mut c) = pair();

@@ -862,6 +862,10 @@ pub fn svg(report: &Report, transports: &[Transport]) -> String {
                 r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"/>"#,
                 path.join(" ")
             );
+            // A mark at each point: a line of one size alone draws nothing.
+            for (x, y) in &line {
+                let _ = writeln!(o, r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{c}"/>"#);
+            }
             let ly = y0 + 14.0 + 16.0 * i as f64;
             let _ = writeln!(
                 o,
@@ -1206,6 +1210,7 @@ mod tests {
             .and_then(|p| p.split('"').next())
             .expect("a line");
         assert_eq!(points.split_whitespace().count(), 2, "{points}");
+        assert_eq!(chart.matches("<circle").count(), 2, "a mark at each point");
         let chart = svg(&report(vec![row(Msgrate, Emx, 8, 0, 1)]), &[Emx]);
         assert!(chart.contains("no latency or bandwidth rows to plot"));
         assert!(!chart.contains("<polyline") && !chart.contains("<rect"));

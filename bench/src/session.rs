@@ -536,11 +536,11 @@ fn wait_any(
 /// The echo thread.
 pub(crate) type EchoThread = std::thread::JoinHandle<Result<(), String>>;
 
-/// Starts the EAL and a mempool for frames of `mtu`: 32767 mbufs of the
-/// default size, fewer larger ones for jumbo frames (8191 at MTU 9000), so
-/// that the pool's memory stays about the same (71 MiB).
 /// Starts the EAL for ports to be opened from `devargs` (a NIC among them is
-/// allowed on the PCI bus) and makes the pool their frames come from.
+/// allowed on the PCI bus) and makes the pool their frames come from, for
+/// frames of `mtu`: 32767 mbufs of the default size, fewer larger ones for
+/// jumbo frames (8191 at MTU 9000), so that the pool's memory stays about
+/// the same (71 MiB).
 pub(crate) fn start_eal(
     hugepages: HugepageMode,
     mtu: u16,
@@ -552,7 +552,11 @@ pub(crate) fn start_eal(
             b.port(d)
         })
         .init()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e {
+            // (Its settings, here, are an option.)
+            dpdk_ffi::Error::NoHugepages(_) => format!("{e} (here: --hugepages auto or never)"),
+            e => e.to_string(),
+        })?;
     let room = dpdk_ffi::data_room_for_mtu(mtu);
     let mbufs = (32768 * usize::from(dpdk_ffi::DEFAULT_DATA_ROOM) / usize::from(room))
         .next_power_of_two()
@@ -1681,7 +1685,7 @@ fn raw_frames(size: usize, per: usize) -> u32 {
 /// message transport sends it. (Raw streamed full frames regardless, which
 /// for messages a little over a frame, 16 KiB at MTU 9000, say, is up to
 /// 10% fewer frames than any message transport needs.) An empty message
-/// goes as a frame of one byte.
+/// goes as a frame with no payload, and counts no bytes.
 struct MsgFrames {
     size: usize,
     per: usize,
@@ -1690,11 +1694,7 @@ struct MsgFrames {
 
 impl MsgFrames {
     fn new(size: usize, per: usize) -> MsgFrames {
-        MsgFrames {
-            size: size.max(1),
-            per,
-            k: 0,
-        }
+        MsgFrames { size, per, k: 0 }
     }
 
     /// Frames a message takes.

@@ -445,6 +445,52 @@ fn empty_messages_stream_from_single_buffers() {
     assert!(f(&emx["flow"], "msgs") > 0.0, "{emx}");
 }
 
+/// A run that measured nothing fails, saying why; a reader that goes away
+/// ends the run quietly (it panicked printing, exit 101); a stream of
+/// empty messages carries no bytes, raw's included (it counted one a frame).
+#[test]
+fn nothing_measured_a_closed_pipe_and_empty_streams() {
+    let out = Command::new(BIN)
+        .args(["--test", "bandwidth", "--sizes", "8", "--transports", "ffi"])
+        .args(QUICK)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("nothing was measured") && err.contains("ffi measures latency only"),
+        "{err}"
+    );
+
+    let mut child = Command::new(BIN)
+        .args(["--test", "latency", "--sizes", "8", "--transports", "raw"])
+        .args(QUICK)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    let r = json(&[
+        "--test",
+        "bandwidth,bibw,msgrate",
+        "--sizes",
+        "0",
+        "--transports",
+        "raw,emx",
+    ]);
+    let rows = r["rows"].as_array().expect("rows");
+    assert!(rows.len() >= 6, "{r}");
+    for row in rows {
+        assert!(f(&row["flow"], "msgs") > 0.0, "{row}");
+        assert_eq!(f(&row["flow"], "bytes"), 0.0, "{row}");
+    }
+}
+
 #[test]
 fn table_and_plot() {
     let svg = std::env::temp_dir().join(format!("emx-bench-{}.svg", std::process::id()));
@@ -537,6 +583,32 @@ fn bad_options_name_the_fix() {
         out.stdout.is_empty() && !err.contains("EAL"),
         "measured first: {err}"
     );
+    // A window past the bound (set-up grows with its square), a socket
+    // path memif's devargs would split, and a plot with nothing to draw.
+    for (args, says) in [
+        (&["--window", "5000"][..], "1..=4096"),
+        (
+            &[
+                "--link",
+                "memif",
+                "--role",
+                "server",
+                "--socket",
+                "/tmp/a,b=c",
+            ][..],
+            "cannot hold a comma",
+        ),
+        (
+            &["--test", "bibw,msgrate", "--plot", "/tmp/emx-bench-x.svg"][..],
+            "--test latency or bandwidth",
+        ),
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("EAL"), "started DPDK first: {err}");
+    }
     // A plot that cannot be written ends the run before it measures, not
     // after (no table, no EAL started).
     let missing = std::env::temp_dir().join(format!("emx-bench-no-dir-{}", std::process::id()));
@@ -1183,6 +1255,11 @@ fn devargs_mistakes_name_the_fix() {
             "never",
         ])
     };
+    let e = pair_err("net_memif0,role=server", "net_memif0,role=client");
+    assert!(
+        e.contains("a name of its own") && e.contains("net_memif1"),
+        "{e}"
+    );
     let e = pair_err("net_bogus0", "net_memif1");
     assert!(
         e.contains("no DPDK driver") && e.contains("net_bogus"),
@@ -1210,6 +1287,59 @@ fn devargs_mistakes_name_the_fix() {
         "net_memif1,role=client",
     );
     assert!(e.contains("memif takes no `sokcet=/tmp/x.sock`"), "{e}");
+}
+
+/// A DPDK installed without its memif driver (Debian ships each driver in
+/// a package of its own) is said so, with the package to install: it was
+/// reported as bad device arguments the user never wrote. The driver is
+/// taken away in a mount namespace of the run's own, over a copy of the
+/// driver directory without it.
+#[test]
+fn a_missing_memif_driver_names_its_package() {
+    need_root();
+    let pmds = std::fs::read_dir("/usr/lib/x86_64-linux-gnu/dpdk")
+        .or_else(|_| std::fs::read_dir("/usr/lib/aarch64-linux-gnu/dpdk"))
+        .expect("DPDK's driver directory (Debian's layout)")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pmds-"))
+        })
+        .expect("a pmds-* directory");
+    let copy = std::env::temp_dir().join(format!("emx-bench-pmds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&copy);
+    std::fs::create_dir(&copy).unwrap();
+    for e in std::fs::read_dir(&pmds).unwrap().flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with("librte_net_memif") {
+            // (Links as links: the copy is what the EAL loads.)
+            let to = copy.join(&name);
+            match std::fs::read_link(e.path()) {
+                Ok(target) => std::os::unix::fs::symlink(target, to).unwrap(),
+                Err(_) => {
+                    std::fs::copy(e.path(), to).unwrap();
+                }
+            }
+        }
+    }
+    let script = format!(
+        "mount --bind '{}' '{}' && exec '{BIN}' --test latency --sizes 8 --transports raw \
+         --rounds 1 --time-ms 20 --quiet",
+        copy.display(),
+        pmds.display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .output()
+        .expect("unshare (util-linux)");
+    let _ = std::fs::remove_dir_all(&copy);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("driver `net_memif` is not available") && err.contains("librte-net-"),
+        "{err}"
+    );
 }
 
 /// An MTU above what the veth link's af_packet ports take names the option
