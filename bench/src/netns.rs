@@ -228,10 +228,16 @@ impl VethPair {
 }
 
 impl Drop for VethPair {
-    /// Deletes both namespaces (the veth goes with them), ignoring errors, and
-    /// unregisters them from the signal cleanup.
+    /// Deletes both namespaces (the veth goes with them) and unregisters them
+    /// from the signal cleanup; one that could not be deleted is named.
     fn drop(&mut self) {
         let gone: Vec<&String> = self.ns.iter().filter(|n| delete_namespace(n)).collect();
+        for n in self.ns.iter().filter(|n| !gone.contains(n)) {
+            eprintln!(
+                "emx-bench: network namespace {n} could not be deleted; remove it with \
+                 `ip netns delete {n}` (the next veth run tries too)"
+            );
+        }
         // One not deleted stays registered: the signal cleanup, or the next
         // run's sweep, tries it again.
         let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());

@@ -540,14 +540,13 @@ pub fn request(
     // emxd's own socket lets only its owner in, but the name is anyone's to
     // take first in a folder others may write: a reply from another user's
     // process would be believed (a forged check passed, say).
-    if let Ok(cred) =
-        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
-    {
-        let me = nix::unistd::geteuid().as_raw();
-        let uid = cred.uid();
-        if uid != me && uid != 0 && me != 0 {
-            return Err(ClientError::Foreign { path: shown, uid });
-        }
+    // (A peer whose credentials cannot be read is not believed either.)
+    let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| io(std::io::Error::from(e)))?;
+    let me = nix::unistd::geteuid().as_raw();
+    let uid = cred.uid();
+    if uid != me && uid != 0 && me != 0 {
+        return Err(ClientError::Foreign { path: shown, uid });
     }
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;

@@ -138,10 +138,23 @@ impl ExtMem {
         }
         let base = NonNull::new(p as *mut u8).expect("mmap never returns null on success");
         if !hugepages {
-            // Physical addresses must not move under DMA. Best effort: without
-            // the privilege, virtual devices (which use virtual addresses) still work.
+            // Physical addresses must not move under DMA: the pages are
+            // locked. Without the privilege (CAP_IPC_LOCK, or a locked-memory
+            // limit past the region) virtual devices still work, as they use
+            // virtual addresses; a device given physical ones would read and
+            // write wherever the pages had moved, so then the region is refused.
             // SAFETY: the range was just mapped.
-            let _ = unsafe { libc::mlock(p, len) };
+            let locked = unsafe { libc::mlock(p, len) } == 0;
+            if !locked && !eal.iova_is_va() {
+                // SAFETY: the range was mapped above and is not used elsewhere.
+                unsafe { libc::munmap(p, len) };
+                return Err(Error::ExtMem(
+                    "the region's ordinary pages cannot be locked (mlock: no CAP_IPC_LOCK, or \
+                     `ulimit -l` too low), and DMA in IOVA-as-PA mode needs them not to move: \
+                     reserve hugepages (`sudo bash scripts/setup.sh`), raise the limit, or use \
+                     VFIO with --iova-mode=va",
+                ));
+            }
         }
         let pages = len / page_size;
         let iovas: Vec<u64> = (0..pages)

@@ -324,7 +324,10 @@ impl Daemon {
                 )
             })
         };
-        let states = self.stations[0].peer_states();
+        let states = match self.stations[0].peer_states() {
+            Ok(s) => s,
+            Err(e) => return refuse(format!("cannot read the peers: {e}; try again")),
+        };
         let describe = |states: &[(Addr, PeerState)]| {
             let all: Vec<String> = states
                 .iter()

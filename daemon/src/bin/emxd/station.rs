@@ -869,14 +869,16 @@ impl Station {
             .collect())
     }
 
-    /// The peers' states, for choosing what to check.
-    pub fn peer_states(&mut self) -> Vec<(Addr, PeerState)> {
-        self.ep
-            .peers()
-            .unwrap_or_default()
+    /// The peers' states, for choosing what to check. (A polling thread's
+    /// full command ring, or its end, is an error: it read as no peers,
+    /// and a check said none was up.)
+    pub fn peer_states(&mut self) -> Result<Vec<(Addr, PeerState)>, Error> {
+        Ok(self
+            .ep
+            .peers()?
             .iter()
             .map(|p| (p.addr, self.shown_state(p)))
-            .collect()
+            .collect())
     }
 
     /// A peer's state as logged and reported: one given up stays down while it
