@@ -287,6 +287,13 @@ fn run(args: &Args) -> Result<(), String> {
     if args.msg_size.is_some() && !tests.contains(&Test::Msgrate) {
         return Err("--msg-size goes with --test msgrate (or sweep)".into());
     }
+    // Options that would be ignored are refused, not passed over.
+    if args.window.is_some() && tests.iter().all(|&t| t == Test::Latency) {
+        return Err("--window goes with --test bandwidth, bibw or msgrate (or sweep)".into());
+    }
+    if args.no_netpipe && !tests.contains(&Test::Latency) {
+        return Err("--no-netpipe goes with --test latency (or sweep)".into());
+    }
     let max = args.max_size.min(8 << 20);
     // A size given twice is measured once: its rows would merge, with twice
     // the rounds the report says.

@@ -553,6 +553,14 @@ fn bad_options_name_the_fix() {
             &["--test", "bandwidth", "--max-size", "32"][..],
             "has no sizes",
         ),
+        (
+            &["--test", "latency", "--window", "4"][..],
+            "--window goes with",
+        ),
+        (
+            &["--test", "bandwidth", "--no-netpipe"][..],
+            "--no-netpipe goes with",
+        ),
     ] {
         let out = Command::new(BIN).args(args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");
