@@ -34,8 +34,8 @@ pub struct FaultConfig {
     /// How long a reordered frame may be held.
     pub reorder_window: Duration,
     /// Flip one random bit of the frame: anywhere in a one-segment frame,
-    /// in the first segment of a chained one (see
-    /// [`FaultStats::not_corrupted`]).
+    /// in the first segment of a chained one (a frame whose bytes cannot be
+    /// written is counted in `not_corrupted` of [`Faulty::fault_stats`]).
     pub corrupt: f64,
     /// Deliver every frame this much later.
     pub delay: Duration,

@@ -119,7 +119,7 @@ mod mem;
 mod pcap;
 
 pub use dpdk::{DpdkIo, COPY_BELOW};
-pub use fault::{FaultConfig, FaultHandle, Faulty};
+pub use fault::{FaultConfig, FaultHandle, FaultStats, Faulty};
 pub use mem::{MemFrame, MemIo, MemNetwork};
 pub use pcap::PcapRecorder;
 
