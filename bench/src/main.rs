@@ -40,7 +40,8 @@ use session::{Cores, Pace, SendBuffers, Session, Transport};
 struct Args {
     /// The link: `memif-pair` (two memif ports in this process), `veth`
     /// (veth pairs between network namespaces this program makes and
-    /// removes, over net_af_packet; needs root), `memif` (between two
+    /// removes, over net_af_packet or, with `--pmd af-xdp`, net_af_xdp;
+    /// needs root), `memif` (between two
     /// processes: run one with `--role server`, then one with `--role
     /// client`), or `devargs` (ports given by --devargs: a NIC, or any PMD).
     #[arg(long, value_enum, default_value_t = LinkKind::MemifPair)]
@@ -136,7 +137,9 @@ struct Args {
     /// the others.
     #[arg(long, value_parser = clap::value_parser!(u16).range(576..=9000))]
     mtu: Option<u16>,
-    /// Hugepages: auto (when free ones exist), never (--no-huge) or require.
+    /// Hugepages: auto (when free ones exist, else ordinary pages), never
+    /// (DPDK's --no-huge) or require (fail, saying how to reserve them,
+    /// when none are free).
     #[arg(long, value_enum, default_value_t = Huge::Auto)]
     hugepages: Huge,
     /// CPUs (as the OS numbers them) for the pinger, the echo thread and the

@@ -651,12 +651,18 @@ impl Report {
                 .filter(|t| rows.iter().any(|r| r.transport == *t))
                 .collect();
             let title = match test {
-                Test::Latency => "round trip, microseconds: p50 (p99), p50 ratio to raw",
-                Test::Bandwidth => "one-way streaming, Gbit/s of payload, ratio to raw",
-                Test::Bibw => "both directions at once, Gbit/s of payload (sum), ratio to raw",
-                _ => "message rate, millions of messages per second, ratio to raw",
+                Test::Latency => "round trip, microseconds: p50 (p99)",
+                Test::Bandwidth => "one-way streaming, Gbit/s of payload",
+                Test::Bibw => "both directions at once, Gbit/s of payload (sum)",
+                _ => "message rate, millions of messages per second",
             };
-            let _ = writeln!(o, "\n{test:?}: {title}");
+            // Ratios only where raw ran beside the others.
+            let ratio = match test {
+                _ if !cols.contains(&Transport::Raw) || cols.len() < 2 => "",
+                Test::Latency => ", p50 ratio to raw",
+                _ => ", ratio to raw",
+            };
+            let _ = writeln!(o, "\n{test:?}: {title}{ratio}");
             if test != Test::Latency && self.send_buffers == SendBuffers::Single {
                 let _ = writeln!(
                     o,
@@ -1214,6 +1220,12 @@ mod tests {
         let chart = svg(&report(vec![row(Msgrate, Emx, 8, 0, 1)]), &[Emx]);
         assert!(chart.contains("no latency or bandwidth rows to plot"));
         assert!(!chart.contains("<polyline") && !chart.contains("<rect"));
+        // The table's titles promise ratios only where raw ran beside.
+        let both = report(vec![lat(Raw, 8, 500.0), lat(Emx, 8, 900.0)]).table(&[Raw, Emx]);
+        assert!(both.contains("p50 (p99), p50 ratio to raw\n"), "{both}");
+        let alone = report(vec![lat(Emx, 8, 900.0)]).table(&[Emx]);
+        assert!(alone.contains("p50 (p99)\n"), "{alone}");
+        assert!(!alone.contains("ratio to raw"), "{alone}");
     }
 
     /// Stream rows whose messages arrived unexpected get a line each; rows
