@@ -7,8 +7,6 @@
 
 mod rt;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dpdk_ffi::ExtMem;
@@ -36,26 +34,14 @@ fn two_engines(progress: ProgressMode) {
     let pool = pool(&eal, "eng");
     let (pa, pb) = memif_pair(&eal, &pool);
     let (mut ea, mut eb) = engines(&pa, &pb, &pool, progress);
-    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    let (mut a, b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
     let sizes = sizes(FIXED, 0, 1);
     let region = emx::runtime::register_memory(&eal, 72 << 20).unwrap();
-    let t0 = Instant::now();
-    let recv_sizes = sizes.clone();
-    let done = Arc::new(AtomicBool::new(false));
-    let done2 = done.clone();
-    let receiver = std::thread::spawn(move || {
-        receive_all(&mut b, &recv_sizes, 8);
-        drive_until(&mut b, &done2);
-        b
-    });
-    send_all(&mut a, Addr::new(2, 0), &sizes, 4, Some(&region));
-    done.store(true, Ordering::Release);
-    let b = receiver.join().unwrap();
+    let (b, took) = exchange(&mut a, b, &sizes, 4, 8, Some(&region));
     eprintln!(
-        "{} messages, {} bytes in {:?}",
+        "{} messages, {} bytes in {took:?}",
         sizes.len(),
         sizes.iter().sum::<usize>(),
-        t0.elapsed()
     );
     let (_, io) = a.stats(Addr::new(2, 0)).unwrap();
     assert!(
@@ -139,25 +125,13 @@ fn memif_pair_256_mib_through_loss_and_reordering() {
     let fb = Faulty::new(DpdkIo::new(&pb, 0, &pool).unwrap(), faults, 12);
     let mut ea = Engine::start(&config(1, 2, pb.mac(), ProgressMode::Inline), fa).unwrap();
     let mut eb = Engine::start(&config(2, 1, pa.mac(), ProgressMode::Inline), fb).unwrap();
-    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    let (mut a, b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
     let sizes = sizes(&[0, 1, 1 << 20], 256 << 20, 7);
-    let t0 = Instant::now();
-    let recv_sizes = sizes.clone();
-    let done = Arc::new(AtomicBool::new(false));
-    let done2 = done.clone();
-    let receiver = std::thread::spawn(move || {
-        receive_all(&mut b, &recv_sizes, 16);
-        drive_until(&mut b, &done2);
-        b
-    });
-    send_all(&mut a, Addr::new(2, 0), &sizes, 8, None);
-    done.store(true, Ordering::Release);
-    let b = receiver.join().unwrap();
+    let (b, took) = exchange(&mut a, b, &sizes, 8, 16, None);
     eprintln!(
-        "{} messages, {} bytes through 10% loss in {:?}",
+        "{} messages, {} bytes through 10% loss in {took:?}",
         sizes.len(),
         sizes.iter().sum::<usize>(),
-        t0.elapsed()
     );
     let (peer, _) = a.stats(Addr::new(2, 0)).unwrap();
     assert!(peer.unwrap().retransmits > 0, "losses were repaired");
@@ -193,20 +167,10 @@ fn memif_pair_through_every_fault_with_payload_checksums() {
     };
     let mut ea = Engine::start(&full(1, 2, pb.mac()), fa).unwrap();
     let mut eb = Engine::start(&full(2, 1, pa.mac()), fb).unwrap();
-    let (mut a, mut b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
+    let (mut a, b) = (ea.endpoint().unwrap(), eb.endpoint().unwrap());
     let region = ExtMem::new(&eal, 24 << 20).unwrap();
     let sizes = sizes(&[0, 1, 1000, 5000, 1 << 20], 48 << 20, 5);
-    let recv_sizes = sizes.clone();
-    let done = Arc::new(AtomicBool::new(false));
-    let done2 = done.clone();
-    let receiver = std::thread::spawn(move || {
-        receive_all(&mut b, &recv_sizes, 16);
-        drive_until(&mut b, &done2);
-        b
-    });
-    send_all(&mut a, Addr::new(2, 0), &sizes, 8, Some(&region));
-    done.store(true, Ordering::Release);
-    let mut b = receiver.join().unwrap();
+    let (mut b, _) = exchange(&mut a, b, &sizes, 8, 16, Some(&region));
     let (sent, _) = a.stats(Addr::new(2, 0)).unwrap();
     let (got, _) = b.stats(Addr::new(1, 0)).unwrap();
     let (sent, got) = (sent.unwrap(), got.unwrap());

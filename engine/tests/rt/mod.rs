@@ -123,6 +123,34 @@ pub fn drive_until(ep: &mut Endpoint, done: &std::sync::atomic::AtomicBool) {
     }
 }
 
+/// Sends `sizes` from `a` to node 2 endpoint 0 (up to `in_flight` at once,
+/// registered buffers from `region` when given) while another thread
+/// receives them on `b` (up to `posted` receives) and checks their bytes,
+/// driving `b` until every send completed. Returns `b` and how long the
+/// exchange took.
+pub fn exchange(
+    a: &mut Endpoint,
+    mut b: Endpoint,
+    sizes: &[usize],
+    in_flight: usize,
+    posted: usize,
+    region: Option<&ExtMem>,
+) -> (Endpoint, Duration) {
+    let t0 = Instant::now();
+    let recv_sizes = sizes.to_vec();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done2 = done.clone();
+    let receiver = std::thread::spawn(move || {
+        receive_all(&mut b, &recv_sizes, posted);
+        drive_until(&mut b, &done2);
+        b
+    });
+    send_all(a, Addr::new(2, 0), sizes, in_flight, region);
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let b = receiver.join().unwrap();
+    (b, t0.elapsed())
+}
+
 /// Sends every message to `dst` with up to `window` in flight; registered
 /// buffers from `region` when given.
 pub fn send_all(
