@@ -21,7 +21,7 @@ mod session;
 
 use std::time::{Duration, Instant};
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use dpdk_ffi::HugepageMode;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -239,11 +239,60 @@ fn stream_sizes(max: usize) -> Vec<usize> {
 }
 
 fn main() {
-    let args = Args::parse();
-    if let Err(e) = run(&args) {
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = ignored(&args, &matches).and_then(|()| run(&args)) {
         eprintln!("emx-bench: {e}");
         std::process::exit(1);
     }
+}
+
+/// Options given on the command line that this run would pass over (those
+/// with defaults, which `run` cannot tell from unset): refused, naming where
+/// they belong, rather than ignored in silence.
+fn ignored(args: &Args, m: &clap::ArgMatches) -> Result<(), String> {
+    let given = |id: &str| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    if args.role == Some(Role::Server) {
+        // The client runs the tests; the server only echoes.
+        const CLIENTS: [&str; 14] = [
+            "test",
+            "transports",
+            "sizes",
+            "max_size",
+            "no_netpipe",
+            "msg_size",
+            "window",
+            "send_buffers",
+            "rounds",
+            "time_ms",
+            "warmup_ms",
+            "iters",
+            "json",
+            "plot",
+        ];
+        if let Some(id) = CLIENTS.iter().find(|id| given(id)) {
+            return Err(format!(
+                "--{} goes to the client (--role client): it decides what the server echoes",
+                id.replace('_', "-")
+            ));
+        }
+    }
+    let only = |id: &str, applies: bool, with: &str| {
+        if given(id) && !applies {
+            Err(format!("--{} goes with {with}", id.replace('_', "-")))
+        } else {
+            Ok(())
+        }
+    };
+    only("socket", args.link == LinkKind::Memif, "--link memif")?;
+    only("listen", args.role == Some(Role::Server), "--role server")?;
+    only("server", args.role == Some(Role::Client), "--role client")?;
+    let streams = args.test.iter().any(|&t| t != Test::Latency);
+    only(
+        "send_buffers",
+        streams,
+        "--test bandwidth, bibw or msgrate (or sweep)",
+    )
 }
 
 fn run(args: &Args) -> Result<(), String> {

@@ -561,6 +561,26 @@ fn bad_options_name_the_fix() {
             &["--test", "bandwidth", "--no-netpipe"][..],
             "--no-netpipe goes with",
         ),
+        (
+            &["--test", "latency", "--send-buffers", "single"][..],
+            "--send-buffers goes with",
+        ),
+        (
+            &["--socket", "/tmp/x.sock"][..],
+            "--socket goes with --link memif",
+        ),
+        (
+            &["--listen", "0.0.0.0:1"][..],
+            "--listen goes with --role server",
+        ),
+        (
+            &["--server", "10.0.0.1:1"][..],
+            "--server goes with --role client",
+        ),
+        (
+            &["--link", "memif", "--role", "server", "--sizes", "8"][..],
+            "--sizes goes to the client",
+        ),
     ] {
         let out = Command::new(BIN).args(args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");
