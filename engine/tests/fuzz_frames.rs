@@ -224,12 +224,20 @@ fn feed(sim: &mut TestSim, now: Time, frame: &[u8]) -> Result<bool, TestCaseErro
     Ok(r.is_ok())
 }
 
-/// Whether core 1 now takes core 0's current session for the one it has with
-/// node 1: a reliable frame it just took, forged with that session's epoch,
-/// may hold a sequence number core 0 is yet to send.
-fn in_core_0s_session(sim: &TestSim) -> bool {
-    let epoch = sim.core_ref(1).peer_info(PeerId(0)).map(|i| i.epoch);
-    epoch == Some(sim.core_ref(0).epoch())
+/// Frames core 1 took for duplicates of node 1's.
+fn duplicates(sim: &TestSim) -> u64 {
+    sim.core_ref(1).peer_stats(PeerId(0)).unwrap().duplicates
+}
+
+/// Whether the reliable frame of `epoch` that core 1 just took (with
+/// `dups_before` duplicates counted before it) was taken as new in core 0's
+/// current session: it then holds a sequence number core 0 has yet to send,
+/// or has sent and is yet to arrive, and core 0's own frame of that number
+/// will be a duplicate.
+fn took_for_core_0(sim: &TestSim, epoch: u32, dups_before: u64) -> bool {
+    let theirs = sim.core_ref(1).peer_info(PeerId(0)).map(|i| i.epoch);
+    let current = sim.core_ref(0).epoch();
+    epoch == current && theirs == Some(current) && duplicates(sim) == dups_before
 }
 
 /// An epoch for a restart of core 0: never one it had, or one core 1 took for
@@ -391,15 +399,19 @@ proptest! {
                 }
                 Op::Frame(h) => {
                     let payload = vec![0xA5; h.payload_len as usize];
+                    let dups = duplicates(&sim);
                     if feed(&mut sim, now, &build(&h, &payload))?
                         && h.frame_type.is_reliable()
-                        && in_core_0s_session(&sim)
+                        && took_for_core_0(&sim, h.src_epoch, dups)
                     {
                         impersonated = true;
                     }
                 }
                 Op::Pack(h, records) => {
-                    if feed(&mut sim, now, &pack(&h, &records))? && in_core_0s_session(&sim) {
+                    let dups = duplicates(&sim);
+                    if feed(&mut sim, now, &pack(&h, &records))?
+                        && took_for_core_0(&sim, h.src_epoch, dups)
+                    {
                         impersonated = true;
                     }
                 }
@@ -421,6 +433,8 @@ proptest! {
                 Op::Restart(epoch) => {
                     let epoch = fresh_epoch(&mut used, epoch);
                     sim.replace_core(0, make_core(&cfg, 0, 2, epoch, now));
+                    // A new session, which no forged frame touched yet.
+                    impersonated = false;
                 }
             }
             // Core 1 answers whatever it wants; those frames are checked and dropped.
