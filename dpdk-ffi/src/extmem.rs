@@ -33,6 +33,8 @@ struct RegionInner {
     len: usize,
     page_size: usize,
     hugepages: bool,
+    /// Its pages cannot move (hugepages, or ordinary ones mlock took).
+    locked: bool,
     /// IOVA of each page, for attaching to mbufs.
     iovas: Vec<u64>,
     /// For each page, the index one past the last page of the run of pages
@@ -44,7 +46,7 @@ struct RegionInner {
     /// Ports whose devices the region is DMA-mapped for (unmapped on drop;
     /// holding them keeps the devices there until then).
     mapped: Mutex<Vec<Port>>,
-    _eal: Eal,
+    eal: Eal,
 }
 
 // SAFETY: the region is plain memory; all access to its bytes goes through
@@ -137,25 +139,13 @@ impl ExtMem {
             });
         }
         let base = NonNull::new(p as *mut u8).expect("mmap never returns null on success");
-        if !hugepages {
-            // Physical addresses must not move under DMA: the pages are
-            // locked. Without the privilege (CAP_IPC_LOCK, or a locked-memory
-            // limit past the region) virtual devices still work, as they use
-            // virtual addresses; a device given physical ones would read and
-            // write wherever the pages had moved, so then the region is refused.
-            // SAFETY: the range was just mapped.
-            let locked = unsafe { libc::mlock(p, len) } == 0;
-            if !locked && !eal.iova_is_va() {
-                // SAFETY: the range was mapped above and is not used elsewhere.
-                unsafe { libc::munmap(p, len) };
-                return Err(Error::ExtMem(
-                    "the region's ordinary pages cannot be locked (mlock: no CAP_IPC_LOCK, or \
-                     `ulimit -l` too low), and DMA in IOVA-as-PA mode needs them not to move: \
-                     reserve hugepages (`sudo bash scripts/setup.sh`), raise the limit, or use \
-                     VFIO with --iova-mode=va",
-                ));
-            }
-        }
+        // Physical addresses must not move under DMA: ordinary pages are
+        // locked. Without the privilege (CAP_IPC_LOCK, or a locked-memory
+        // limit past the region) virtual devices still work, as they use
+        // virtual addresses; a NIC given physical ones would read and write
+        // wherever the pages had moved, so `dma_map` refuses one then.
+        // SAFETY: the range was just mapped.
+        let locked = hugepages || unsafe { libc::mlock(p, len) } == 0;
         let pages = len / page_size;
         let iovas: Vec<u64> = (0..pages)
             .map(|i| {
@@ -197,11 +187,12 @@ impl ExtMem {
             len,
             page_size,
             hugepages,
+            locked,
             iovas,
             run_ends,
             lent: Mutex::new(BTreeMap::new()),
             mapped: Mutex::new(Vec::new()),
-            _eal: eal.clone(),
+            eal: eal.clone(),
         })))
     }
 
@@ -217,8 +208,18 @@ impl ExtMem {
     /// `Ok(true)` when the device's bus took the mapping (virtual devices
     /// take it as a no-op), `Ok(false)` when it says none is needed (a PCI
     /// NIC without VFIO). Mapping a port twice is a no-op. The mapping lasts
-    /// as long as the region.
+    /// as long as the region. A NIC (a PCI device) that would be given the
+    /// physical addresses of ordinary pages that could not be locked is
+    /// refused: they may move under it.
     pub fn dma_map(&self, port: &Port) -> Result<bool> {
+        if !self.0.locked && !self.0.eal.iova_is_va() && crate::is_pci_address(port.name()) {
+            return Err(Error::ExtMem(
+                "the region's ordinary pages could not be locked (mlock: no CAP_IPC_LOCK, or \
+                 `ulimit -l` too low), and a NIC given their physical addresses (IOVA as PA) \
+                 would follow them wherever they moved: reserve hugepages (`sudo bash \
+                 scripts/setup.sh`), raise the limit, or use VFIO with --iova-mode=va",
+            ));
+        }
         let _control = crate::control::control();
         let mut mapped = self.0.mapped.lock().unwrap_or_else(|e| e.into_inner());
         if mapped.iter().any(|p| p.id() == port.id()) {

@@ -1074,13 +1074,25 @@ fn driver_missing(name: &str) -> bool {
         return false;
     }
     let driver = driver_name(name);
-    let linked_in = cfg!(emx_dpdk_static) && STATIC_VDEV_DRIVERS.contains(&driver);
-    let loadable = || {
-        pmd_dirs()
-            .iter()
-            .any(|dir| dir.join(format!("librte_{driver}.so")).exists())
-    };
-    !linked_in && !loadable()
+    if cfg!(emx_dpdk_static) && STATIC_VDEV_DRIVERS.contains(&driver) {
+        return false;
+    }
+    let dirs = pmd_dirs();
+    // No driver directory where DPDK's packages put one: a DPDK installed
+    // elsewhere, which this cannot judge.
+    if dirs.is_empty() {
+        return false;
+    }
+    // `librte_net_memif.so` comes with the -dev package, `.so.23` with the
+    // driver's own: either is the driver there.
+    let prefix = format!("librte_{driver}.so");
+    !dirs.iter().any(|dir| {
+        std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        })
+    })
 }
 
 /// Drivers that a static build links in (see build.rs).
@@ -1091,6 +1103,8 @@ fn pmd_dirs() -> Vec<std::path::PathBuf> {
     for base in [
         "/usr/lib/x86_64-linux-gnu/dpdk",
         "/usr/lib/aarch64-linux-gnu/dpdk",
+        "/usr/local/lib/x86_64-linux-gnu/dpdk",
+        "/usr/local/lib/aarch64-linux-gnu/dpdk",
         "/usr/local/lib/dpdk",
         "/usr/lib64/dpdk",
     ] {
