@@ -52,13 +52,15 @@ mkdir -p "$use"
 with_flag() {
     local flag=$1 list
     shift
-    if [ -n "${CARGO_ENCODED_RUSTFLAGS:-}" ]; then
-        list="$CARGO_ENCODED_RUSTFLAGS"$'\x1f'
+    if [ -n "${CARGO_ENCODED_RUSTFLAGS+set}" ]; then
+        # Set, even empty, it is what cargo takes over RUSTFLAGS.
+        list="${CARGO_ENCODED_RUSTFLAGS:+$CARGO_ENCODED_RUSTFLAGS$'\x1f'}"
     else
         local -a words=()
         read -ra words <<<"${RUSTFLAGS:-}"
         list=""
-        for w in "${words[@]}"; do list+="$w"$'\x1f'; done
+        # (An empty array is "unbound" to set -u before bash 4.4.)
+        for w in ${words[@]+"${words[@]}"}; do list+="$w"$'\x1f'; done
     fi
     CARGO_ENCODED_RUSTFLAGS="$list$flag" RUSTFLAGS= "$@"
 }

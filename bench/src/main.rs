@@ -292,7 +292,16 @@ fn ignored(args: &Args, m: &clap::ArgMatches) -> Result<(), String> {
         "send_buffers",
         streams,
         "--test bandwidth, bibw or msgrate (or sweep)",
-    )
+    )?;
+    // Only emx's streams have a window and send buffers (an empty list is
+    // the default set, emx among them).
+    let emx = args.transports.is_empty()
+        || args
+            .transports
+            .iter()
+            .any(|t| matches!(t, Transport::Emx | Transport::EmxThread));
+    only("window", emx, "the emx transports (emx, emx-thread)")?;
+    only("send_buffers", emx, "the emx transports (emx, emx-thread)")
 }
 
 fn run(args: &Args) -> Result<(), String> {
@@ -645,16 +654,16 @@ fn check_plot_path(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Messages in flight in a stream of `size`-byte messages: `--window`, or
-/// 64 for small messages and fewer for large ones, so that 16 MiB are in
-/// flight. (msgrate's default was 64 whatever the size: `--msg-size 2M` asked
-/// for 128 MiB of buffers, and failed after the other tests had run.)
 /// The largest `--window`. Far past what a stream gains from (the message
 /// rate levels off by 1024 on the memif pair), and a run's set-up grows with
 /// the window's square: 16,384 took 0.8 s more for a 20 ms run, 65,536 more
 /// than 12 s, with nothing said.
 const MAX_WINDOW: usize = 4096;
 
+/// Messages in flight in a stream of `size`-byte messages: `--window`, or
+/// 64 for small messages and fewer for large ones, so that 16 MiB are in
+/// flight. (msgrate's default was 64 whatever the size: `--msg-size 2M` asked
+/// for 128 MiB of buffers, and failed after the other tests had run.)
 fn window_for(given: Option<usize>, size: usize) -> usize {
     given
         .unwrap_or_else(|| ((16usize << 20) / size.max(1)).clamp(2, 64))

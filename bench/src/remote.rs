@@ -574,10 +574,6 @@ fn start_echo(
     spawn_echo(eal, pool, link, b, macs, core)
 }
 
-/// Serves one client on `link`: checks its hello, starts an echo thread for
-/// it, obeys its requests until it says goodbye or goes away, then stops the
-/// thread and frees the server (`release`), before it answers the goodbye so
-/// that a client started right after this one finds the server free.
 /// Why the echo thread must not be given a client's command: it trusts its
 /// commands, as its own process's pinger sends them (a frame of no bytes
 /// divides by zero, an endpoint past the two indexes out of bounds, a
@@ -624,6 +620,10 @@ fn refused(cmd: &Cmd, open: &[bool; 3], mtu: u16) -> Option<String> {
     }
 }
 
+/// Serves one client on `link`: checks its hello, starts an echo thread for
+/// it, obeys its requests until it says goodbye or goes away, then stops the
+/// thread and frees the server (`release`), before it answers the goodbye so
+/// that a client started right after this one finds the server free.
 fn serve_client(
     eal: &Eal,
     pool: &Mempool,
@@ -759,9 +759,6 @@ mod tests {
         (BufReader::new(s), c)
     }
 
-    /// Requests are read a line each; a line that does not end is refused
-    /// past the limit rather than kept growing; a closed connection is the
-    /// end of the requests.
     /// Commands the echo thread would panic on, or run out of memory for,
     /// are answered instead; its own pinger's pass.
     #[test]
@@ -836,6 +833,9 @@ mod tests {
         }
     }
 
+    /// Requests are read a line each; a line that does not end is refused
+    /// past the limit rather than kept growing; a closed connection is the
+    /// end of the requests.
     #[test]
     fn requests_are_lines_of_bounded_length() {
         let (mut r, mut c) = pair();

@@ -566,6 +566,17 @@ fn bad_options_name_the_fix() {
             "--send-buffers goes with",
         ),
         (
+            &[
+                "--test",
+                "bandwidth",
+                "--window",
+                "8",
+                "--transports",
+                "raw",
+            ][..],
+            "--window goes with the emx transports",
+        ),
+        (
             &["--socket", "/tmp/x.sock"][..],
             "--socket goes with --link memif",
         ),
