@@ -654,10 +654,10 @@ fn check_plot_path(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The largest `--window`. Far past what a stream gains from (the message
-/// rate levels off by 1024 on the memif pair), and a run's set-up grows with
-/// the window's square: 16,384 took 0.8 s more for a 20 ms run, 65,536 more
-/// than 12 s, with nothing said.
+/// The largest `--window`: four times the largest measured for a gain
+/// (1024, the message rate's), where a run's set-up grows with the window's
+/// square: 16,384 took 0.8 s more for a 20 ms run, 65,536 more than 12 s,
+/// with nothing said.
 const MAX_WINDOW: usize = 4096;
 
 /// Messages in flight in a stream of `size`-byte messages: `--window`, or
