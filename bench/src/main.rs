@@ -247,9 +247,9 @@ fn main() {
     }
 }
 
-/// Options given on the command line that this run would pass over (those
-/// with defaults, which `run` cannot tell from unset): refused, naming where
-/// they belong, rather than ignored in silence.
+/// Options given on the command line that this run would pass over: refused,
+/// naming where they belong, rather than ignored in silence. (Whether an
+/// option was given, not its value: those with defaults have one either way.)
 fn ignored(args: &Args, m: &clap::ArgMatches) -> Result<(), String> {
     let given = |id: &str| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
     if args.role == Some(Role::Server) {
@@ -285,14 +285,22 @@ fn ignored(args: &Args, m: &clap::ArgMatches) -> Result<(), String> {
         }
     };
     only("socket", args.link == LinkKind::Memif, "--link memif")?;
+    only("devargs", args.link == LinkKind::Devargs, "--link devargs")?;
+    only("pmd", args.link == LinkKind::Veth, "--link veth")?;
     only("listen", args.role == Some(Role::Server), "--role server")?;
+    only("once", args.role == Some(Role::Server), "--role server")?;
     only("server", args.role == Some(Role::Client), "--role client")?;
+    let runs = |t: Test| args.test.contains(&t) || args.test.contains(&Test::Sweep);
     let streams = args.test.iter().any(|&t| t != Test::Latency);
+    let stream_tests = "--test bandwidth, bibw or msgrate (or sweep)";
+    only("msg_size", runs(Test::Msgrate), "--test msgrate (or sweep)")?;
     only(
-        "send_buffers",
-        streams,
-        "--test bandwidth, bibw or msgrate (or sweep)",
+        "no_netpipe",
+        runs(Test::Latency),
+        "--test latency (or sweep)",
     )?;
+    only("window", streams, stream_tests)?;
+    only("send_buffers", streams, stream_tests)?;
     // Only emx's streams have a window and send buffers (an empty list is
     // the default set, emx among them).
     let emx = args.transports.is_empty()
@@ -345,16 +353,6 @@ fn run(args: &Args) -> Result<(), String> {
         new
     });
     transports.sort_by_key(|t| *t != Transport::Raw);
-    if args.msg_size.is_some() && !tests.contains(&Test::Msgrate) {
-        return Err("--msg-size goes with --test msgrate (or sweep)".into());
-    }
-    // Options that would be ignored are refused, not passed over.
-    if args.window.is_some() && tests.iter().all(|&t| t == Test::Latency) {
-        return Err("--window goes with --test bandwidth, bibw or msgrate (or sweep)".into());
-    }
-    if args.no_netpipe && !tests.contains(&Test::Latency) {
-        return Err("--no-netpipe goes with --test latency (or sweep)".into());
-    }
     let max = args.max_size.min(8 << 20);
     // A size given twice is measured once: its rows would merge, with twice
     // the rounds the report says.
@@ -416,15 +414,6 @@ fn run(args: &Args) -> Result<(), String> {
         Some(spec) => Cores::parse(spec, &allowed, &session::physical_core)?,
         None => Cores::default_for(&allowed, &session::physical_core),
     };
-    if args.once && args.role != Some(Role::Server) {
-        return Err("--once goes with --role server".into());
-    }
-    if !args.devargs.is_empty() && args.link != LinkKind::Devargs {
-        return Err("--devargs goes with --link devargs".into());
-    }
-    if args.pmd != link::VethPmd::AfPacket && args.link != LinkKind::Veth {
-        return Err("--pmd goes with --link veth".into());
-    }
     if args.socket.contains(',') {
         // It goes into memif's devargs, where a comma starts another key.
         return Err(format!(
