@@ -487,6 +487,28 @@ impl ClusterConfig {
             };
             return Err(self.invalid(&field, problem));
         }
+        // Valid for the engine, which caps the backed-off timeout at a
+        // quarter of the liveness deadline, but never below rto_min: above
+        // that quarter, a lost frame goes again a few times at most, or
+        // never, before its peer is given up.
+        let core = p.core_config(1500);
+        if core.rto_min > core.peer_timeout / 4 {
+            let field = set("rto_min_us", p.rto_min_us.is_some())
+                .unwrap_or_else(|| "protocol.peer_timeout_us".to_owned());
+            let us = |d: std::time::Duration| d.as_micros();
+            return Err(self.invalid(
+                &field,
+                format!(
+                    "rto_min_us ({} us) is above a quarter of peer_timeout_us ({} us): a lost \
+                     frame would go again too seldom, or not at all, before its peer is given \
+                     up (give rto_min_us {} at most, or peer_timeout_us {} at least)",
+                    us(core.rto_min),
+                    us(core.peer_timeout),
+                    us(core.peer_timeout / 4),
+                    us(core.rto_min * 4)
+                ),
+            ));
+        }
         Ok(())
     }
 }

@@ -38,7 +38,7 @@
 //! max_sends = 1024            # outstanding sends [1024]
 //! max_recvs = 1024            # outstanding receives [1024]
 //! rto_initial_us = 2000       # retransmission timeout before the first RTT sample (must lie within rto_min_us..=rto_max_us) [1000]
-//! rto_min_us = 2000           # least retransmission timeout; raise it where receivers stall (VMs, slow links) [1000]
+//! rto_min_us = 2000           # least retransmission timeout; raise it where receivers stall (VMs, slow links); a quarter of peer_timeout_us at most [1000]
 //! rto_max_us = 100000         # most retransmission timeout, after backoff (and a quarter of peer_timeout_us at most) [100000]
 //! ack_delay_us = 20           # an ack waits this long for a reply to ride on, below rto_min_us [20]
 //! ack_every = 16              # acknowledge at once after this many in-order frames [16]

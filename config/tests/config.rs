@@ -263,6 +263,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("rto-max-huge.toml", 7, "protocol.rto_max_us", "out of range (want at most 3600000000 us, an hour)"),
     ("rto-initial-below-min.toml", 6, "protocol.rto_initial_us", "500 is outside rto_min_us..=rto_max_us (1000..=100000)"),
     ("rto-order.toml", 7, "protocol.rto_min_us", "rto_min_us (5000 us) must be above 0 and at most rto_max_us (1000 us)"),
+    ("rto-min-above-deadline.toml", 7, "protocol.rto_min_us", "rto_min_us (400000 us) is above a quarter of peer_timeout_us (1000000 us): a lost frame would go again too seldom, or not at all, before its peer is given up (give rto_min_us 250000 at most, or peer_timeout_us 1600000 at least)"),
     ("syntax.toml", 10, "", "not valid TOML: invalid string; expected `\"`, `'`"),
     ("timers.toml", 7, "protocol.keepalive_us", "keepalive_us (200000 us) must be above 0 and below peer_timeout_us (100000 us)"),
     ("unexpected-too-large.toml", 6, "protocol.unexpected_bytes", "8589934592 is out of range (want 1..=4294967296 bytes"),
