@@ -243,6 +243,34 @@ fn a_control_path_that_is_not_a_socket_is_left_alone() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
 }
 
+/// With JSON logs, the reason emxd stops is a JSON line too: every line of
+/// its stderr is one object (a plain `emxd: ...` line among them was
+/// dropped, or choked on, by collectors of JSON lines).
+#[test]
+fn json_logs_carry_the_reason_emxd_stops() {
+    let o = emxd(&[
+        "--config",
+        EXAMPLE,
+        "--node",
+        "server",
+        "--log-format",
+        "json",
+        "--control",
+        "/proc/no-such-dir/emxd.sock",
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let lines: Vec<Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l}")))
+        .collect();
+    let last = lines.last().expect("a line");
+    assert_eq!(last["level"], "ERROR", "{err}");
+    assert_eq!(last["fields"]["exit"], 1, "{err}");
+    let msg = last["fields"]["message"].as_str().unwrap();
+    assert!(msg.contains("cannot create /proc/no-such-dir"), "{err}");
+}
+
 /// emxd looks at what is on its control path and binds under a lock on the
 /// directory: one that another emxd (here, the test) holds while it binds
 /// is waited for, and an emxd starting beside it does not bind meanwhile.
@@ -1094,6 +1122,11 @@ fn two_daemons_over_memif() {
         "declared down after {silent} ms of silence: {line}"
     );
     eprintln!("A saw B down {late:?} after B exited: {line}");
+    // The cause, A's memif link gone with its client, is logged too (the
+    // link is read once a second).
+    wait_for(Duration::from_secs(3), "'link down' in A's log", || {
+        a.log().contains("link down").then_some(())
+    });
 
     // B again: A reports it up with a new epoch, and echoes work again.
     let mut b = Daemon::start(&config, "client", &dir, "client2.log");
@@ -1107,6 +1140,9 @@ fn two_daemons_over_memif() {
         a.log()
             .contains("peer up again with a new epoch")
             .then_some(())
+    });
+    wait_for(Duration::from_secs(3), "'link up' in A's log", || {
+        a.log().contains("link up").then_some(())
     });
     up(&b, 1);
     check_passes(&a, "1000,1M", 2);

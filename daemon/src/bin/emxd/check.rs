@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use emx::proto::{Addr, RecvInfo};
 use emx_daemon::control::{reply_err, reply_ok, CheckReport, CheckResult};
 use emx_daemon::ops;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::station::Station;
 
@@ -459,10 +459,17 @@ fn finish(mut run: Run, interrupted: Option<&str>) {
             )
         }
         None if r.failed > 0 || r.results.is_empty() => {
-            info!(
+            // Which peer failed, and how, for the operator reading the log
+            // (each message's outcome is logged at debug only).
+            let first = r.results.iter().find(|x| !x.ok);
+            warn!(
                 run = run.id,
                 passed = r.passed,
                 failed = r.failed,
+                first.node = first.map(|x| x.node),
+                first.name = first.and_then(|x| x.name.as_deref()),
+                first.size = first.map(|x| x.size),
+                first.error = first.and_then(|x| x.error.as_deref()),
                 "check failed"
             );
             let why = if r.results.is_empty() {

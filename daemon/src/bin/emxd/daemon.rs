@@ -33,6 +33,8 @@ const NAP_MIN: Duration = Duration::from_micros(50);
 const NAP_MAX: Duration = Duration::from_micros(200);
 /// How often the peers' states are read and their changes logged.
 const SCAN_EVERY: Duration = Duration::from_millis(10);
+/// How often the port's link is read, and a change logged.
+const LINK_EVERY: Duration = Duration::from_secs(1);
 /// The most sizes one check takes.
 const MAX_CHECK_SIZES: usize = 4096;
 
@@ -124,6 +126,9 @@ impl Daemon {
         let mut idle_since: Option<Instant> = None;
         let mut nap = NAP_MIN;
         let mut next_scan = Instant::now();
+        // (Up: emxd serves once its link came up.)
+        let mut link_up = true;
+        let mut next_link = Instant::now() + LINK_EVERY;
         let mut asked = false;
         // (Asked early: a request that found emxd starting, answered just
         // before the loop took over, is looked for on every turn.)
@@ -137,7 +142,7 @@ impl Daemon {
                 busy |= st.poll(&mut self.checks);
             }
             if let Some(why) = self.stations.iter().find_map(|st| st.dead.clone()) {
-                tracing::error!("the engine stopped: {why}");
+                // (Said once, by main, as emxd exits with it.)
                 self.checks.abort_all("the engine stopped");
                 return Err(format!("the engine stopped: {why}"));
             }
@@ -160,6 +165,24 @@ impl Daemon {
                     st.scan((i == 0).then_some(&mut self.checks));
                 }
                 next_scan = now + SCAN_EVERY;
+            }
+            if now >= next_link {
+                // The cause of the peers' going down, when it is the link's
+                // (a cable pulled): said once a change.
+                let link = self.port.link();
+                if link.up != link_up {
+                    link_up = link.up;
+                    if link.up {
+                        info!(
+                            port = self.port.name(),
+                            speed_mbps = link.speed_mbps,
+                            "link up"
+                        );
+                    } else {
+                        warn!(port = self.port.name(), "link down");
+                    }
+                }
+                next_link = now + LINK_EVERY;
             }
             if busy {
                 idle_since = None;

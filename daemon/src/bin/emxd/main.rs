@@ -78,18 +78,23 @@ enum Failure {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Config(msg)) => {
-            eprintln!("emxd: {msg}");
-            ExitCode::from(2)
-        }
-        Err(Failure::Start(msg)) => {
-            eprintln!("emxd: {msg}");
-            ExitCode::from(1)
-        }
+    let (msg, code) = match run(args) {
+        Ok(()) => return ExitCode::SUCCESS,
+        Err(Failure::Config(msg)) => (msg, 2),
+        Err(Failure::Start(msg)) => (msg, 1),
+    };
+    if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+        // A collector of JSON lines takes the reason as it takes the rest.
+        tracing::error!(exit = code, "{msg}");
+    } else {
+        eprintln!("emxd: {msg}");
     }
+    ExitCode::from(code)
 }
+
+/// Set once the logs are JSON lines: the reason emxd stops goes there too
+/// (a plain line among them was dropped, or choked on, by collectors).
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn run(args: Args) -> Result<(), Failure> {
     let config = |e: emx_config::ConfigError| Failure::Config(e.to_string());
@@ -307,6 +312,7 @@ fn init_logging(level: LevelFilter, json: bool) {
         .with_target(false);
     if json {
         b.json().init();
+        JSON_LOGS.store(true, std::sync::atomic::Ordering::Relaxed);
     } else {
         b.with_ansi(std::io::stderr().is_terminal()).init();
     }

@@ -257,7 +257,13 @@ pub fn serve(listener: UnixListener, tx: Sender<Control>, gate: Arc<Gate>) -> Re
     std::thread::Builder::new()
         .name("emxd-control".into())
         .spawn(move || {
+            // An accept that keeps failing is logged once, until one works.
+            let mut failing = false;
             for conn in listener.incoming() {
+                if conn.is_ok() && failing {
+                    info!("control socket: accepting again");
+                    failing = false;
+                }
                 match conn {
                     Ok(stream) if live.load(Ordering::Relaxed) >= MAX_CONNECTIONS => {
                         refuse(stream, "too many control connections at once; try again");
@@ -279,7 +285,10 @@ pub fn serve(listener: UnixListener, tx: Sender<Control>, gate: Arc<Gate>) -> Re
                     }
                     Err(e) => {
                         // Out of descriptors, say: do not spin on the error.
-                        warn!(error = %e, "control socket: accept failed");
+                        if !failing {
+                            warn!(error = %e, "control socket: accept failed; retrying every 100 ms");
+                            failing = true;
+                        }
                         std::thread::sleep(Duration::from_millis(100));
                     }
                 }

@@ -240,6 +240,11 @@ impl Station {
                 }
             }
         }
+        // Warned again only once everything was posted: an echo receive
+        // posted while sink receives kept failing re-armed it every turn.
+        if !self.slots.contains(&Slot::Free) && self.sinks_free.is_empty() {
+            self.repost_warned = false;
+        }
     }
 
     fn warn_repost(&mut self, what: &str, e: &Error) {
@@ -265,7 +270,6 @@ impl Station {
             Ok(r) => {
                 self.reqs.push((r, Role::EchoRecv(n)));
                 self.slots[n] = Slot::Posted;
-                self.repost_warned = false;
             }
             Err(refused) => {
                 self.warn_repost("echo receive", &refused.error);
