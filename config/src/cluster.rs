@@ -670,8 +670,47 @@ fn serde_error(origin: &str, loc: &Locator, e: &toml::de::Error) -> ConfigError 
         origin: origin.to_owned(),
         line,
         field,
-        problem,
+        problem: plain_numbers(&problem),
     }
+}
+
+/// serde's words for a number that does not fit, or is not one ("invalid
+/// value: integer `300`, expected u8"), in a writer of cluster files'
+/// terms: the range to give, and for a number in quotes, to drop them.
+fn plain_numbers(problem: &str) -> String {
+    // (The widest say nothing of a range: no count a file gives is near it.)
+    const RANGES: [(&str, &str); 5] = [
+        ("u8", "a whole number in 0..=255"),
+        ("u16", "a whole number in 0..=65535"),
+        ("u32", "a whole number in 0..=4294967295"),
+        ("u64", "a whole number"),
+        ("usize", "a whole number"),
+    ];
+    let Some((head, range)) = problem
+        .rsplit_once(", expected ")
+        .and_then(|(head, ty)| RANGES.iter().find(|r| r.0 == ty).map(|r| (head, r.1)))
+    else {
+        return problem.to_owned();
+    };
+    if let Some(n) = head
+        .strip_prefix("invalid value: integer `")
+        .and_then(|r| r.strip_suffix('`'))
+    {
+        return format!("{n} is out of range (want {range})");
+    }
+    if let Some(quoted) = head.strip_prefix("invalid type: string ") {
+        let inner = quoted.trim_matches('"');
+        let number = inner.parse::<u64>().is_ok()
+            || inner
+                .strip_prefix("0x")
+                .is_some_and(|h| u64::from_str_radix(h, 16).is_ok());
+        return if number {
+            format!("{quoted} is in quotes: write the number without them ({inner})")
+        } else {
+            format!("{quoted} is not a number (want {range})")
+        };
+    }
+    format!("{head} (want {range})")
 }
 
 #[cfg(test)]
@@ -731,13 +770,13 @@ mod tests {
         let text = "cluster = { id = 1, ethertype = \"x\" }\n";
         assert_eq!(
             err(text),
-            "f.toml:1: cluster.ethertype: invalid type: string \"x\", expected u16"
+            "f.toml:1: cluster.ethertype: \"x\" is not a number (want a whole number in 0..=65535)"
         );
         let text = "[cluster]\nid = 1\n[[node]]\nid = 1\nname = \"a\"\nmac = \"auto\"\n\
                     port = \"net_tap0\"\ncores = [\n  1,\n  \"two\",\n]\n";
         assert_eq!(
             err(text),
-            "f.toml:10: node[0].cores[1]: invalid type: string \"two\", expected usize"
+            "f.toml:10: node[0].cores[1]: \"two\" is not a number (want a whole number)"
         );
     }
 }

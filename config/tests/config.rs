@@ -270,7 +270,9 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("unknown-key.toml", 16, "node[1].colour", "unknown field `colour`, expected one of `id`, `name`, `mac`, `port`"),
     ("unknown-table.toml", 5, "logs", "unknown field `logs`, expected one of `cluster`, `protocol`, `memory`, `logging`, `node`"),
     ("window-range.toml", 6, "protocol.window", "300 is out of range (want 1..=256 frames"),
-    ("window-type.toml", 6, "protocol.window", "invalid type: string \"ten\", expected u32"),
+    ("window-type.toml", 6, "protocol.window", "\"ten\" is not a number (want a whole number in 0..=4294967295)"),
+    ("endpoint-too-large.toml", 10, "node[0].endpoints[1]", "300 is out of range (want a whole number in 0..=255)"),
+    ("ethertype-quoted.toml", 4, "cluster.ethertype", "\"0x88B5\" is in quotes: write the number without them (0x88B5)"),
 ];
 
 /// Loads a broken file the way a node would on a 4-CPU machine: parse, then
