@@ -228,6 +228,16 @@ impl ClusterConfig {
                 ),
             ));
         }
+        let memif_max = emx::io::dpdk_ffi::MEMIF_MAX_MTU;
+        if let Some(m) = n
+            .mtu
+            .filter(|&m| m > memif_max && n.port.starts_with("net_memif"))
+        {
+            return Err(self.invalid(
+                &at("mtu"),
+                format!("{m} is more than memif takes (want at most {memif_max} on a memif port)"),
+            ));
+        }
         // The port's mbuf pool comes out of the EAL's memory, beside the
         // EAL's and the driver's own: a pool that leaves less than
         // `EAL_ROOM` fails at start with DPDK's "Cannot allocate memory".

@@ -251,6 +251,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("memory-no-room.toml", 7, "memory.memory_mb", "148 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000, beside"),
     ("missing-port.toml", 11, "node[1].port", "missing (this key is required)"),
     ("mtu-mismatch.toml", 16, "node[1].mtu", "mtu 1500 differs from node[0] \"n1\" at line 5 (mtu 9000): frames longer than a peer's MTU are dropped there (give every node the same mtu)"),
+    ("mtu-memif.toml", 13, "node[0].mtu", "16000 is more than memif takes (want at most 9000 on a memif port)"),
     ("mtu-first-bad.toml", 9, "node[0].mtu", "50 is out of range (want 140..=65535 bytes)"),
     ("mtu-unset.toml", 12, "node[1].mtu", "no mtu (the default, 1500) differs from node[0] \"n1\" at line 5 (mtu 9000): frames longer than a peer's MTU are dropped there"),
     ("name-dash.toml", 7, "node[0].name", "bad node name \"-n1\" (want 1 to 64 letters, digits, '.', '_' or '-', not starting with '.' or '-')"),
