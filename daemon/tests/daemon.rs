@@ -142,6 +142,22 @@ fn an_unknown_node_or_core_is_a_configuration_error() {
     );
 }
 
+/// `emxd --check` checks a file for every node as emxd would at start, and
+/// starts nothing.
+#[test]
+fn check_a_cluster_file_without_starting() {
+    let o = emxd(&["--check", "--config", EXAMPLE]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert!(
+        out.contains("2 node(s) checked (server, client): emxd would start on each"),
+        "{out}"
+    );
+    assert!(!stderr(&o).contains("EAL"), "{}", stderr(&o));
+    let o = emxd(&["--check", "--config", EXAMPLE, "--node", "nosuch"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
 #[test]
 fn too_few_receive_slots_for_the_responder_is_a_configuration_error() {
     let dir = TempDir::new("fewrecvs");
@@ -164,6 +180,17 @@ fn too_few_receive_slots_for_the_responder_is_a_configuration_error() {
         )),
         "{err}"
     );
+    // `--check` says the same without starting anything, for every node
+    // (or --node's).
+    for node in [&[][..], &["--node", "client"][..]] {
+        let mut args = vec!["--check", "--config", file.to_str().unwrap()];
+        args.extend(node);
+        let o = emxd(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("protocol.max_recvs: 4 is too few"), "{err}");
+        assert!(!err.contains("EAL"), "started DPDK: {err}");
+    }
     // Enough for the responder and the liveness receive (7 here), but none
     // left for a check's answers: every check failed.
     let text = text.replace("max_recvs = 4", "max_recvs = 7");

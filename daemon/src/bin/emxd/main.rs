@@ -50,6 +50,12 @@ struct Args {
     /// How log lines are written, instead of logging.format in the cluster file.
     #[arg(long, value_enum, value_name = "FORMAT")]
     log_format: Option<Format>,
+    /// Check the cluster file as emxd would at start, for every node (or
+    /// --node's), and exit: 0 when each would start, 2 with the first
+    /// problem. Nothing is started. (A node's polling cores are checked on
+    /// its own machine, when it starts.)
+    #[arg(long)]
+    check: bool,
 }
 
 /// A log level on the command line.
@@ -99,6 +105,30 @@ static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 fn run(args: Args) -> Result<(), Failure> {
     let config = |e: emx_config::ConfigError| Failure::Config(e.to_string());
     let cluster = ClusterConfig::load(&args.config).map_err(config)?;
+    if args.check {
+        let nodes: Vec<&emx_config::NodeSpec> = match args.node.as_deref() {
+            Some(n) => {
+                let me = resolve_identity(Some(n), |_| None).map_err(config)?;
+                vec![cluster.node_for(&me).map_err(config)?]
+            }
+            None => cluster.nodes().iter().collect(),
+        };
+        for spec in &nodes {
+            let node_cfg = cluster.node_config(spec.id).map_err(config)?;
+            responder_limits(&cluster, spec, &node_cfg)?;
+        }
+        println!(
+            "{}: {} node(s) checked ({}): emxd would start on each",
+            args.config.display(),
+            nodes.len(),
+            nodes
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return Ok(());
+    }
     let me = resolve_identity(args.node.as_deref(), |k| std::env::var(k).ok()).map_err(config)?;
     let spec = cluster.node_for(&me).map_err(config)?.clone();
     let node_cfg = cluster.local_node_config(&me).map_err(config)?;
@@ -113,45 +143,9 @@ fn run(args: Args) -> Result<(), Failure> {
         },
     );
 
-    // The responder's buffers: ECHO_SLOTS per endpoint in the region.
+    let max = responder_limits(&cluster, &spec, &node_cfg)?;
     let n_eps = node_cfg.engine.endpoints.len();
     let region_bytes = cluster.memory().region_bytes();
-    let max = ops::max_message(region_bytes / n_eps);
-    if max == 0 {
-        let problem = format!(
-            "{} MiB is too small for {n_eps} endpoints' responders",
-            cluster.memory().region_mb
-        );
-        return Err(Failure::Config(
-            cluster.error_at("memory.region_mb", problem).to_string(),
-        ));
-    }
-
-    // Each endpoint's responder keeps its ECHO and SINK receives posted, and
-    // one liveness receive per remote endpoint: with fewer receive slots,
-    // peers would go unwatched (never reported down). A check takes one
-    // more per peer for its answers, and a message nobody serves one to be
-    // drained: with none left for those, every check failed, and such
-    // messages held their sender's credit.
-    let peers = node_cfg.engine.peers.len();
-    let need = ops::ECHO_SLOTS + ops::SINK_SLOTS + 2 * peers + 1;
-    let max_recvs = node_cfg
-        .engine
-        .protocol
-        .max_recvs
-        .unwrap_or(emx::proto::CoreConfig::default().max_recvs);
-    if max_recvs < need {
-        let problem = format!(
-            "{max_recvs} is too few for emxd on node {:?}: its responder keeps {} receives \
-             posted and one for each of its {peers} peer endpoints, a check takes one more \
-             for each, and a message nobody serves one to be drained (want at least {need})",
-            spec.name,
-            ops::ECHO_SLOTS + ops::SINK_SLOTS,
-        );
-        return Err(Failure::Config(
-            cluster.error_at("protocol.max_recvs", problem).to_string(),
-        ));
-    }
 
     let stop = Arc::new(AtomicBool::new(false));
     // SIGHUP too: a terminal that closes under `emxd ... &` would otherwise
@@ -305,6 +299,56 @@ fn file_level(l: LogLevel) -> LevelFilter {
 }
 
 /// Log lines to stderr, text (coloured on a terminal) or JSON.
+/// What emxd needs of a node's settings beyond the cluster file's own
+/// checks; the responder's message limit when they hold.
+fn responder_limits(
+    cluster: &ClusterConfig,
+    spec: &emx_config::NodeSpec,
+    node_cfg: &emx::runtime::NodeConfig,
+) -> Result<usize, Failure> {
+    // The responder's buffers: ECHO_SLOTS per endpoint in the region.
+    let n_eps = node_cfg.engine.endpoints.len();
+    let region_bytes = cluster.memory().region_bytes();
+    let max = ops::max_message(region_bytes / n_eps);
+    if max == 0 {
+        let problem = format!(
+            "{} MiB is too small for {n_eps} endpoints' responders",
+            cluster.memory().region_mb
+        );
+        return Err(Failure::Config(
+            cluster.error_at("memory.region_mb", problem).to_string(),
+        ));
+    }
+
+    // Each endpoint's responder keeps its ECHO and SINK receives posted, and
+    // one liveness receive per remote endpoint: with fewer receive slots,
+    // peers would go unwatched (never reported down). A check takes one
+    // more per peer for its answers, and a message nobody serves one to be
+    // drained: with none left for those, every check failed, and such
+    // messages held their sender's credit.
+    let peers = node_cfg.engine.peers.len();
+    let need = ops::ECHO_SLOTS + ops::SINK_SLOTS + 2 * peers + 1;
+    let max_recvs = node_cfg
+        .engine
+        .protocol
+        .max_recvs
+        .unwrap_or(emx::proto::CoreConfig::default().max_recvs);
+    if max_recvs < need {
+        let problem = format!(
+            "{max_recvs} is too few for emxd on node {:?}: its responder keeps {} receives \
+             posted and one for each of its {peers} peer endpoints, a check takes one more \
+             for each, and a message nobody serves one to be drained (want at least {need})",
+            spec.name,
+            ops::ECHO_SLOTS + ops::SINK_SLOTS,
+        );
+        return Err(Failure::Config(
+            cluster.error_at("protocol.max_recvs", problem).to_string(),
+        ));
+    }
+
+    Ok(max)
+}
+
 fn init_logging(level: LevelFilter, json: bool) {
     let b = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
