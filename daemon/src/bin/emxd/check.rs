@@ -324,7 +324,13 @@ impl Checks {
             .position(|l| l.run == run && l.seq == seq)
         {
             let l = self.lingering.swap_remove(at);
-            debug!(peer = ?l.peer, seq, ?result, "a lingering check message's send completed");
+            debug!(
+                peer.node = l.peer.node,
+                peer.endpoint = l.peer.endpoint,
+                seq,
+                ?result,
+                "a lingering check message's send completed"
+            );
         } else if let Some(item) = self.item(run, seq) {
             item.sent = Some(result.map_err(|e| format!("send failed: {e}")));
         }
@@ -419,7 +425,14 @@ fn push_result(report: &mut CheckReport, t: &Target, size: u64, outcome: Result<
         Ok(rtt) => (true, Some(rtt), None),
         Err(e) => (false, None, Some(e)),
     };
-    debug!(peer = ?t.peer, size, ok, error = error.as_deref(), "check message done");
+    debug!(
+        peer.node = t.peer.node,
+        peer.endpoint = t.peer.endpoint,
+        size,
+        ok,
+        error = error.as_deref(),
+        "check message done"
+    );
     report.results.push(CheckResult {
         node: t.peer.node,
         name: t.name.clone(),

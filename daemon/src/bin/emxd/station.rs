@@ -300,7 +300,7 @@ impl Station {
             }
             // Declared down: posted again once it is back.
             Err(refused) => {
-                debug!(peer = ?peer, error = %refused.error, "liveness receive not posted");
+                debug!(peer.node = peer.node, peer.endpoint = peer.endpoint, error = %refused.error, "liveness receive not posted");
                 self.watches.insert(peer, Watch::Idle);
             }
         }
@@ -408,7 +408,7 @@ impl Station {
                                 self.watches.insert(peer, Watch::Answering);
                             }
                             Err(refused) => {
-                                debug!(peer = ?info.src, error = %refused.error, "PING not answered");
+                                debug!(peer.node = info.src.node, peer.endpoint = info.src.endpoint, error = %refused.error, "PING not answered");
                                 self.post_watch(peer);
                             }
                         }
@@ -451,7 +451,12 @@ impl Station {
                     let copied = info.copied as usize;
                     if !checks.on_echo(self.local, &info, &buf.as_ref()[..copied]) {
                         self.counters.stray += 1;
-                        debug!(peer = ?info.src, bits = info.match_bits, "stray check answer dropped");
+                        debug!(
+                            peer.node = info.src.node,
+                            peer.endpoint = info.src.endpoint,
+                            bits = info.match_bits,
+                            "stray check answer dropped"
+                        );
                     }
                 }
                 // Cancelled when its check gave up on it, or the peer went.
@@ -475,7 +480,8 @@ impl Station {
             self.counters.truncated += 1;
             if self.counters.truncated == 1 {
                 warn!(
-                    peer = ?info.src,
+                    peer.node = info.src.node,
+                    peer.endpoint = info.src.endpoint,
                     len = info.msg_len,
                     limit = self.max,
                     "message longer than the responder's limit, truncated (logged once)"
@@ -499,7 +505,12 @@ impl Station {
             // Our own check's message, come back: never echoed again.
             if !checks.on_echo(self.local, &info, &buf.as_ref()[..copied]) {
                 self.counters.stray += 1;
-                debug!(peer = ?info.src, bits = info.match_bits, "stray check answer dropped");
+                debug!(
+                    peer.node = info.src.node,
+                    peer.endpoint = info.src.endpoint,
+                    bits = info.match_bits,
+                    "stray check answer dropped"
+                );
             }
             self.repost_with(n, buf);
             return;
@@ -527,7 +538,12 @@ impl Station {
                 return;
             }
         };
-        trace!(peer = ?info.src, len = copied, "echo");
+        trace!(
+            peer.node = info.src.node,
+            peer.endpoint = info.src.endpoint,
+            len = copied,
+            "echo"
+        );
         // Another node's check: its answer goes to the receive that check
         // posted for it, not to the ECHO receives there (see `ops`).
         let bits = if ops::check_parts(info.match_bits).is_some() {
@@ -542,7 +558,7 @@ impl Station {
             }
             Err(refused) => {
                 self.counters.failed += 1;
-                debug!(peer = ?info.src, error = %refused.error, "echo refused");
+                debug!(peer.node = info.src.node, peer.endpoint = info.src.endpoint, error = %refused.error, "echo refused");
                 self.slots[n] = Slot::Free;
             }
         }
@@ -655,7 +671,11 @@ impl Station {
             {
                 // The partition may have healed: start a new session. The
                 // liveness receive posted below watches the attempt.
-                debug!(peer = ?p.addr, "greeting a peer given up again");
+                debug!(
+                    peer.node = p.addr.node,
+                    peer.endpoint = p.addr.endpoint,
+                    "greeting a peer given up again"
+                );
                 view.greeted = Some(Instant::now());
             }
             let silent_ms = p.silent_for.map(millis);
@@ -762,10 +782,21 @@ impl Station {
                         // unknown op.
                         if ops::op_of(m.match_bits) == ops::CHECK_ANSWER {
                             self.counters.stray += 1;
-                            debug!(peer = ?m.src, bits = m.match_bits, "late check answer dropped");
+                            debug!(
+                                peer.node = m.src.node,
+                                peer.endpoint = m.src.endpoint,
+                                bits = m.match_bits,
+                                "late check answer dropped"
+                            );
                         } else {
                             self.counters.discarded += 1;
-                            debug!(peer = ?m.src, bits = m.match_bits, len = m.len, "message with an unserved op discarded");
+                            debug!(
+                                peer.node = m.src.node,
+                                peer.endpoint = m.src.endpoint,
+                                bits = m.match_bits,
+                                len = m.len,
+                                "message with an unserved op discarded"
+                            );
                         }
                         self.reqs.push((r, Role::Discard));
                         // Inline, the receive matched at once; let it finish so
