@@ -142,6 +142,9 @@ fn run(args: Args) -> Result<(), Failure> {
             None => cluster.logging().format == LogFormat::Json,
         },
     );
+    // Every line of the main thread says which node wrote it: `srun`, a
+    // launcher or a log collector merges many nodes' output into one.
+    let _node = tracing::info_span!("emxd", node = %spec.name, node_id = spec.id).entered();
 
     let max = responder_limits(&cluster, &spec, &node_cfg)?;
     let n_eps = node_cfg.engine.endpoints.len();

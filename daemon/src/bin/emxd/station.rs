@@ -682,7 +682,7 @@ impl Station {
             match (was.state, state) {
                 (PeerState::Up, PeerState::Up) if p.epoch != was.epoch => {
                     info!(
-                        local = self.local.endpoint,
+                        endpoint = self.local.endpoint,
                         peer.node = p.addr.node,
                         peer.endpoint = p.addr.endpoint,
                         old_epoch = was.epoch,
@@ -693,7 +693,7 @@ impl Station {
                 (s, PeerState::Up) if s != PeerState::Up => {
                     if was.epoch != 0 && was.epoch != p.epoch {
                         info!(
-                            local = self.local.endpoint,
+                            endpoint = self.local.endpoint,
                             peer.node = p.addr.node,
                             peer.endpoint = p.addr.endpoint,
                             old_epoch = was.epoch,
@@ -702,7 +702,7 @@ impl Station {
                         );
                     } else {
                         info!(
-                            local = self.local.endpoint,
+                            endpoint = self.local.endpoint,
                             peer.node = p.addr.node,
                             peer.endpoint = p.addr.endpoint,
                             epoch = p.epoch,
@@ -712,7 +712,7 @@ impl Station {
                 }
                 (PeerState::Up, PeerState::Down) => {
                     warn!(
-                        local = self.local.endpoint,
+                        endpoint = self.local.endpoint,
                         peer.node = p.addr.node,
                         peer.endpoint = p.addr.endpoint,
                         epoch = was.epoch,
@@ -722,7 +722,7 @@ impl Station {
                 }
                 (PeerState::Unknown | PeerState::Unresolved, PeerState::Down) => {
                     warn!(
-                        local = self.local.endpoint,
+                        endpoint = self.local.endpoint,
                         peer.node = p.addr.node,
                         peer.endpoint = p.addr.endpoint,
                         "peer down: never answered within the liveness deadline"
