@@ -29,11 +29,6 @@ fn snapshot(sim: &TestSim, i: usize) -> Snapshot {
     }
 }
 
-fn drops(sim: &TestSim, i: usize) -> u64 {
-    let c = sim.core_ref(i);
-    c.stats().dropped.total() + c.peer_stats(PeerId(0)).unwrap().dropped.total()
-}
-
 #[test]
 fn bad_frames_are_counted_and_change_nothing() {
     let cfg = CoreConfig {

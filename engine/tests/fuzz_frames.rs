@@ -47,9 +47,6 @@ fn header() -> impl Strategy<Value = Header> {
     prop_oneof![3 => shaped_header(), 1 => free_header()]
 }
 
-/// Unit, message length and fragment index for [`shaped_header`].
-type Shape = (u16, u64, u64, u16);
-
 fn shaped_header() -> impl Strategy<Value = Header> {
     let shape = (
         prop_oneof![Just(64u16), Just(1000), Just(1424), 64u16..1500],
@@ -57,7 +54,7 @@ fn shaped_header() -> impl Strategy<Value = Header> {
         any::<u64>(),
         1u16..1500,
     );
-    (free_header(), shape).prop_map(|(mut h, (unit, len, k, plen)): (Header, Shape)| {
+    (free_header(), shape).prop_map(|(mut h, (unit, len, k, plen))| {
         h.flags &= flags::ALL;
         h.frag_unit = 0;
         h.frag_offset = 0;
@@ -208,18 +205,12 @@ fn pack(h: &Header, records: &[(u64, usize)]) -> Vec<u8> {
     build(&h, &payload)
 }
 
-/// Drops counted by core 1: its own and those of its peer, core 0.
-fn drops(sim: &TestSim) -> u64 {
-    let c = sim.core_ref(1);
-    c.stats().dropped.total() + c.peer_stats(PeerId(0)).unwrap().dropped.total()
-}
-
 /// Hands `frame` to core 1: a frame refused is counted as dropped, once, and
 /// one taken is not. Returns whether it was taken.
 fn feed(sim: &mut TestSim, now: Time, frame: &[u8]) -> Result<bool, TestCaseError> {
-    let before = drops(sim);
+    let before = drops(sim, 1);
     let r = sim.core(1).handle_frame(now, frame);
-    let counted = drops(sim) - before;
+    let counted = drops(sim, 1) - before;
     prop_assert_eq!(counted, u64::from(r.is_err()), "{:?}", r);
     Ok(r.is_ok())
 }

@@ -156,3 +156,10 @@ pub fn await_exchange(
         sim.now()
     );
 }
+
+/// Frames core `i` counted as dropped: its own count and its first peer's
+/// (every drop is counted in one or the other).
+pub fn drops(sim: &TestSim, i: usize) -> u64 {
+    let c = sim.core_ref(i);
+    c.stats().dropped.total() + c.peer_stats(emx::proto::PeerId(0)).unwrap().dropped.total()
+}

@@ -301,7 +301,6 @@ fn file_level(l: LogLevel) -> LevelFilter {
     }
 }
 
-/// Log lines to stderr, text (coloured on a terminal) or JSON.
 /// What emxd needs of a node's settings beyond the cluster file's own
 /// checks; the responder's message limit when they hold.
 fn responder_limits(
@@ -352,6 +351,7 @@ fn responder_limits(
     Ok(max)
 }
 
+/// Log lines to stderr, text (coloured on a terminal) or JSON.
 fn init_logging(level: LevelFilter, json: bool) {
     let b = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
