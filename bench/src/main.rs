@@ -670,8 +670,8 @@ fn check_windows(
     for &test in tests.iter().filter(|&&t| t != Test::Latency) {
         for size in sizes_for(test) {
             let w = window_for(window, size);
-            let need = w.saturating_mul(size).saturating_mul(2);
-            if need > session::REGION {
+            if !session::window_fits(w, size) {
+                let need = w.saturating_mul(size).saturating_mul(2);
                 let most = (session::REGION / 2 / size.max(1)).max(1);
                 return Err(format!(
                     "{test:?} at {} B: {w} messages in flight need {} MiB of registered memory \

@@ -611,9 +611,7 @@ fn refused(cmd: &Cmd, open: &[bool; 3], mtu: u16) -> Option<String> {
         Cmd::EmxSink {
             ep, size, depth, ..
         } => emx(ep, size).or_else(|| {
-            (depth == 0
-                || depth > crate::MAX_WINDOW
-                || depth.saturating_mul(size.max(1)).saturating_mul(2) > crate::session::REGION)
+            (depth == 0 || depth > crate::MAX_WINDOW || !crate::session::window_fits(depth, size))
                 .then(|| format!("{depth} messages of {size} B in flight"))
         }),
         _ => None,

@@ -35,6 +35,12 @@ use crate::raw::RAW_ETHERTYPE;
 const RAW_HDR: usize = 14 + 8;
 /// Bytes of registered memory per side.
 pub(crate) const REGION: usize = 80 << 20;
+
+/// Whether a stream of `depth` messages of `size` bytes in flight fits a
+/// side's registered memory: a buffer each for the sends and the receives.
+pub(crate) fn window_fits(depth: usize, size: usize) -> bool {
+    depth.saturating_mul(size).saturating_mul(2) <= REGION
+}
 const PINGER: Addr = Addr::new(1, 0);
 const ECHO: Addr = Addr::new(2, 0);
 /// The echo thread's own word for "stopped while it waited".
