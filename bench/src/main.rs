@@ -150,8 +150,8 @@ struct Args {
     /// hyperthread siblings), and spins there as on a dedicated core; on 2
     /// CPUs it shares the pinger's and backs off when idle. The echo spins, and
     /// the pinger too on raw's round trips: ECHO must differ from the others.
-    /// A server (`--role server`) uses only ECHO, a client only PINGER and
-    /// POLLER.
+    /// A server (`--role server`) runs only the echo: give it `--cores ECHO`.
+    /// A client uses PINGER and POLLER (its ECHO is passed over).
     #[arg(long, value_name = "CPUS")]
     cores: Option<String>,
     /// Print the results as JSON on stdout instead of the table.
@@ -411,6 +411,7 @@ fn run(args: &Args) -> Result<(), String> {
     let allowed = session::allowed_cpus();
     let cpus = allowed.len();
     let cores = match &args.cores {
+        Some(spec) if args.role == Some(Role::Server) => Cores::parse_echo(spec, &allowed)?,
         Some(spec) => Cores::parse(spec, &allowed, &session::physical_core)?,
         None => Cores::default_for(&allowed, &session::physical_core),
     };
@@ -464,7 +465,7 @@ fn run(args: &Args) -> Result<(), String> {
     );
     let mut col = Collector::default();
     // What was not measured, and in how many rounds.
-    let mut skipped: Vec<(String, u32)> = Vec::new();
+    let mut skipped: Vec<report::Skipped> = Vec::new();
     let started = Instant::now();
     let mut result = Ok(());
     'all: for &test in &tests {
@@ -478,7 +479,7 @@ fn run(args: &Args) -> Result<(), String> {
                         let rest = transports.len() - 1;
                         transports[1 + (k - 1 + round as usize) % rest]
                     };
-                    bar.set_message(format!("{test:?} {} {}", t.label(), report::human(size)));
+                    bar.set_message(format!("{test} {} {}", t.label(), report::human(size)));
                     let m = measure(&mut session, test, t, size, args, pace);
                     // Taken whatever came of it: what a measurement not kept
                     // counted must not go to the next one.
@@ -495,14 +496,22 @@ fn run(args: &Args) -> Result<(), String> {
                         }
                         Ok(None) => {}
                         Err(Skip::Not(why)) => {
-                            let line = format!("{test:?} {} {size} B: {why}", t.label());
-                            match skipped.iter_mut().find(|s| s.0 == line) {
-                                Some(s) => s.1 += 1,
-                                None => skipped.push((line, 1)),
+                            let same = |s: &&mut report::Skipped| {
+                                (s.test, s.transport, s.size) == (test, t, size) && s.reason == why
+                            };
+                            match skipped.iter_mut().find(same) {
+                                Some(s) => s.rounds += 1,
+                                None => skipped.push(report::Skipped {
+                                    test,
+                                    transport: t,
+                                    size,
+                                    reason: why,
+                                    rounds: 1,
+                                }),
                             }
                         }
                         Err(Skip::Fail(e)) => {
-                            result = Err(format!("{test:?} {} {size} B: {e}", t.label()));
+                            result = Err(format!("{test} {} {size} B: {e}", t.label()));
                             break 'all;
                         }
                     }
@@ -557,14 +566,7 @@ fn run(args: &Args) -> Result<(), String> {
         },
         send_buffers: args.send_buffers,
         rows,
-        // A point measured in some rounds only says in how many it was not.
-        skipped: skipped
-            .into_iter()
-            .map(|(line, n)| match n < args.rounds {
-                true => format!("{line} (in {n} of {} rounds)", args.rounds),
-                false => line,
-            })
-            .collect(),
+        skipped,
         notes,
     };
     // What was measured before a failure is printed all the same (a sweep
@@ -592,7 +594,12 @@ fn run(args: &Args) -> Result<(), String> {
         // A run that measured nothing is no success to a script.
         None if report.rows.is_empty() => Err(format!(
             "nothing was measured: {}",
-            report.skipped.join("; ")
+            report
+                .skipped
+                .iter()
+                .map(|s| s.line(report.rounds))
+                .collect::<Vec<_>>()
+                .join("; ")
         )),
         None => Ok(()),
     }
@@ -674,7 +681,7 @@ fn check_windows(
                 let need = w.saturating_mul(size).saturating_mul(2);
                 let most = (session::REGION / 2 / size.max(1)).max(1);
                 return Err(format!(
-                    "{test:?} at {} B: {w} messages in flight need {} MiB of registered memory \
+                    "{test} at {} B: {w} messages in flight need {} MiB of registered memory \
                      a side, which has {} MiB: give --window {most} or less at this size",
                     size,
                     need >> 20,

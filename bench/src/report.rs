@@ -25,6 +25,15 @@ pub enum Test {
     Sweep,
 }
 
+/// Its name on the command line (`--test msgrate`), in messages and tables.
+impl std::fmt::Display for Test {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use clap::ValueEnum;
+        let v = self.to_possible_value().expect("no test is hidden");
+        f.write_str(v.get_name())
+    }
+}
+
 /// Latency figures of one (test, transport, size), in nanoseconds: medians
 /// over rounds of each percentile, the largest maximum, and the spread of p50.
 #[derive(Clone, Debug, Serialize)]
@@ -221,10 +230,42 @@ pub struct Report {
     pub send_buffers: SendBuffers,
     pub rows: Vec<Row>,
     /// Measurements that could not run, and why.
-    pub skipped: Vec<String>,
+    pub skipped: Vec<Skipped>,
     /// What a reader of these figures should know (a machine too small for
     /// a transport to mean anything, for one).
     pub notes: Vec<String>,
+}
+
+/// A point that was not measured: what, why, and in how many rounds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Skipped {
+    pub test: Test,
+    pub transport: Transport,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Why, in words (the same reason in every round it was skipped).
+    pub reason: String,
+    /// The rounds it was not measured in: all of them, or the rounds whose
+    /// measurement said so.
+    pub rounds: u32,
+}
+
+impl Skipped {
+    /// Its line in the table and in the error of a run that measured nothing;
+    /// `of` is the run's rounds.
+    pub fn line(&self, of: u32) -> String {
+        let mut l = format!(
+            "{} {} {} B: {}",
+            self.test,
+            self.transport.label(),
+            self.size,
+            self.reason
+        );
+        if self.rounds < of {
+            let _ = write!(l, " (in {} of {of} rounds)", self.rounds);
+        }
+        l
+    }
 }
 
 /// One round's measurement.
@@ -446,9 +487,9 @@ pub fn human(size: usize) -> String {
 /// together per test and transport.
 const RESENT_LISTED: f64 = 0.01;
 
-/// A row as the lists under the tables name it: `Bandwidth emx 4K`.
+/// A row as the lists under the tables name it: `bandwidth emx 4K`.
 fn row_name(r: &Row) -> String {
-    format!("{:?} {} {}", r.test, r.transport.label(), human(r.size))
+    format!("{} {} {}", r.test, r.transport.label(), human(r.size))
 }
 
 /// Writes the stream rows whose receiving side took messages that arrived
@@ -599,7 +640,7 @@ fn resent(o: &mut String, rows: &[Row]) {
                     .sum::<Option<u64>>();
                 let _ = writeln!(
                     o,
-                    "  {test:?} {}: {}-{} frames at {} of {} sizes (at most {:.3}% of a size's frames){}",
+                    "  {test} {}: {}-{} frames at {} of {} sizes (at most {:.3}% of a size's frames){}",
                     transport.label(),
                     counts().min().expect("two or more"),
                     counts().max().expect("two or more"),
@@ -662,7 +703,7 @@ impl Report {
                 Test::Latency => ", p50 ratio to raw",
                 _ => ", ratio to raw",
             };
-            let _ = writeln!(o, "\n{test:?}: {title}{ratio}");
+            let _ = writeln!(o, "\n{test}: {title}{ratio}");
             if test != Test::Latency && self.send_buffers == SendBuffers::Single {
                 let _ = writeln!(
                     o,
@@ -697,7 +738,7 @@ impl Report {
         if !self.skipped.is_empty() {
             let _ = writeln!(o, "\nnot measured:");
             for s in &self.skipped {
-                let _ = writeln!(o, "  {s}");
+                let _ = writeln!(o, "  {}", s.line(self.rounds));
             }
         }
         for n in &self.notes {
@@ -949,10 +990,10 @@ mod tests {
         assert_eq!(
             o,
             "\nframes sent again (emx, measuring side):\n\
-             \x20 Latency emx: 1-5 frames at 2 of 3 sizes (at most 0.006% of a size's frames)\n\
-             \x20 Latency emx-thread 8: 2 of 1300 frames (0.154%)\n\
-             \x20 Bandwidth emx 1M: 812 of 20000 frames (4.060%)\n\
-             \x20 Bandwidth emx 8M: 3 of 300000 frames (0.001%)\n"
+             \x20 latency emx: 1-5 frames at 2 of 3 sizes (at most 0.006% of a size's frames)\n\
+             \x20 latency emx-thread 8: 2 of 1300 frames (0.154%)\n\
+             \x20 bandwidth emx 1M: 812 of 20000 frames (4.060%)\n\
+             \x20 bandwidth emx 8M: 3 of 300000 frames (0.001%)\n"
         );
         let mut o = String::new();
         resent(&mut o, &[row(Latency, Emx, 8, 0, 90_000)]);
@@ -984,10 +1025,10 @@ mod tests {
         assert_eq!(
             o,
             "\nframes sent again (emx, measuring side):\n\
-             \x20 Latency emx: 1-5 frames at 2 of 2 sizes (at most 0.006% of a size's frames); all arrived twice\n\
-             \x20 Latency emx-thread: 3-4 frames at 2 of 2 sizes (at most 0.004% of a size's frames); 4 of them arrived twice\n\
-             \x20 Bandwidth emx 1M: 812 of 20000 frames (4.060%); none arrived twice\n\
-             \x20 Bandwidth emx 8M: 3 of 300000 frames (0.001%)\n\
+             \x20 latency emx: 1-5 frames at 2 of 2 sizes (at most 0.006% of a size's frames); all arrived twice\n\
+             \x20 latency emx-thread: 3-4 frames at 2 of 2 sizes (at most 0.004% of a size's frames); 4 of them arrived twice\n\
+             \x20 bandwidth emx 1M: 812 of 20000 frames (4.060%); none arrived twice\n\
+             \x20 bandwidth emx 8M: 3 of 300000 frames (0.001%)\n\
              \x20 (a frame that arrived twice was not lost: it was sent again when its \
              retransmission timeout, `[protocol] rto_min_us` at least, ran out while its \
              receiver was still working through the frames ahead of it or was off its CPU, \
@@ -1038,8 +1079,8 @@ mod tests {
         assert_eq!(
             o,
             "\nround trips lost (no protocol sends them again):\n\
-             \x20 Latency udp 8: 2 lost, 4 measured\n\
-             \x20 Latency raw 64K: 4 lost, 4 measured\n\
+             \x20 latency udp 8: 2 lost, 4 measured\n\
+             \x20 latency raw 64K: 4 lost, 4 measured\n\
              \x20 (raw and ffi leave a lost round trip out of their percentiles; kernel UDP \
              sends the datagram again and times the round trip from there, and counts its \
              warm-up's losses too)\n"
@@ -1138,7 +1179,7 @@ mod tests {
         assert!(
             o.starts_with(
                 "\nstream messages lost (no protocol sends them again):\n\
-                 \x20 Bandwidth udp 64: 14 lost\n"
+                 \x20 bandwidth udp 64: 14 lost\n"
             ),
             "{o}"
         );
@@ -1259,8 +1300,8 @@ mod tests {
         assert_eq!(
             o,
             "\nmessages that arrived before their receive (emx, receiving side):\n\
-             \x20 Bandwidth emx 16K: 18000 of 100000 (18.0%)\n\
-             \x20 Msgrate emx 8: 3 of 1000000 (0.0%)\n"
+             \x20 bandwidth emx 16K: 18000 of 100000 (18.0%)\n\
+             \x20 msgrate emx 8: 3 of 1000000 (0.0%)\n"
         );
         let mut o = String::new();
         unexpected(&mut o, &[with(Bandwidth, Emx, 4 << 10, 200_000, 0)]);

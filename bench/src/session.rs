@@ -641,17 +641,7 @@ impl Cores {
                 list(allowed)
             )
         };
-        let mut ids = Vec::new();
-        for part in spec.split(',') {
-            let id: usize = part
-                .trim()
-                .parse()
-                .map_err(|_| bad(format!("`{part}` is not a CPU number")))?;
-            if !allowed.contains(&id) {
-                return Err(bad(format!("CPU {id} is not one this process may use")));
-            }
-            ids.push(id);
-        }
+        let ids = cpu_ids(spec, allowed, &bad)?;
         let (pinger, echo, poller) = match ids[..] {
             [p, e] => (p, e, Cores::poller_for(p, e, allowed, core_of)),
             [p, e, q] => (p, e, q),
@@ -685,6 +675,26 @@ impl Cores {
         })
     }
 
+    /// A server's `--cores ECHO`: it runs the echo thread alone (the pinger
+    /// and the polling thread are the client's, placed by its `--cores`).
+    pub fn parse_echo(spec: &str, allowed: &[usize]) -> Result<Cores, String> {
+        let bad = |why: String| {
+            format!(
+                "--cores {spec}: {why}; a server runs only the echo thread: give its CPU \
+                 (--cores ECHO), one this process may use ({}), and place the pinger and \
+                 the polling thread with the client's --cores",
+                list(allowed)
+            )
+        };
+        match cpu_ids(spec, allowed, &bad)?[..] {
+            [echo] => Ok(Cores {
+                echo: Some(echo),
+                ..Cores::default()
+            }),
+            ref ids => Err(bad(format!("{} CPUs given", ids.len()))),
+        }
+    }
+
     /// Whether the polling thread has a CPU that neither the pinger nor
     /// the echo runs on: it may spin there without taking time from them.
     pub fn poller_alone(&self) -> bool {
@@ -716,6 +726,27 @@ impl Cores {
         let id = |c: Option<usize>| c.map(|id| core_affinity::CoreId { id });
         (id(self.pinger), id(self.echo))
     }
+}
+
+/// The CPU numbers of a `--cores` list, each one of `allowed`; `bad` words
+/// the error.
+fn cpu_ids(
+    spec: &str,
+    allowed: &[usize],
+    bad: &dyn Fn(String) -> String,
+) -> Result<Vec<usize>, String> {
+    let mut ids = Vec::new();
+    for part in spec.split(',') {
+        let id: usize = part
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("`{part}` is not a CPU number")))?;
+        if !allowed.contains(&id) {
+            return Err(bad(format!("CPU {id} is not one this process may use")));
+        }
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 /// The physical core of CPU `cpu` (its package and core ids, from sysfs):
@@ -2153,6 +2184,32 @@ mod tests {
         assert_eq!(Cores::parse("5,5", &[5], &flat), Ok(cores(5, 5, 5)));
         for bad in ["0", "0,1,2,3", ""] {
             assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A server runs the echo alone: one CPU, and a list is refused with
+    /// the fix (it used to take the second of two or three and pass over
+    /// the rest).
+    #[test]
+    fn a_server_takes_its_echo_cpu_alone() {
+        let allowed = [0, 1, 2, 3, 8];
+        let echo = |cpu| Cores {
+            echo: Some(cpu),
+            ..Cores::default()
+        };
+        assert_eq!(Cores::parse_echo("8", &allowed), Ok(echo(8)));
+        assert_eq!(Cores::parse_echo(" 2", &allowed), Ok(echo(2)));
+        for (spec, why) in [
+            ("0,1", "2 CPUs given"),
+            ("0,1,2", "3 CPUs given"),
+            ("7", "CPU 7 is not one this process may use"),
+            ("x", "`x` is not a CPU number"),
+        ] {
+            let e = Cores::parse_echo(spec, &allowed).unwrap_err();
+            assert!(
+                e.contains(why) && e.contains("--cores ECHO") && e.contains("(0-3,8)"),
+                "{spec}: {e}"
+            );
         }
     }
 

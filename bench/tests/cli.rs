@@ -506,7 +506,7 @@ fn table_and_plot() {
     ]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
-        table.contains("Latency") && table.contains("Bandwidth"),
+        table.contains("\nlatency: round trip") && table.contains("\nbandwidth: one-way"),
         "{table}"
     );
     // DPDK's warnings that the EAL's options make certain are left out.
@@ -1266,6 +1266,22 @@ fn devargs_pair_in_one_process() {
         }
     }
     assert_eq!(sizes_of(&check_rows(&r, "latency"), "ffi"), [8]);
+    // What ffi could not measure, one entry per point, in every round, in
+    // the terms of the command line.
+    let skipped = r["skipped"].as_array().expect("skipped");
+    let ffi: Vec<_> = skipped.iter().filter(|s| s["transport"] == "ffi").collect();
+    assert_eq!(ffi.len(), 7, "{skipped:?}");
+    for s in &ffi {
+        assert_eq!(s["rounds"], r["rounds"], "{s}");
+        let why = s["reason"].as_str().expect("reason");
+        match (s["test"].as_str().expect("test"), s["size"].as_u64()) {
+            ("latency", Some(102400)) => assert!(why.contains("one-frame"), "{s}"),
+            ("bandwidth" | "bibw" | "msgrate", Some(8 | 102400)) => {
+                assert!(why.contains("latency only"), "{s}")
+            }
+            _ => panic!("ffi was measured here: {s}"),
+        }
+    }
 }
 
 #[test]
