@@ -245,17 +245,33 @@ impl ClusterConfig {
         let have = u64::from(self.memory().memory_mb) << 20;
         if pool + EAL_ROOM > have {
             let mib = pool.div_ceil(1 << 20);
+            let at_mtu = n
+                .mtu
+                .map_or("the driver's MTU".to_owned(), |m| format!("mtu {m}"));
+            let need = mib + 64;
+            let memory_mb = self.memory().memory_mb;
+            // Left to its default, memory_mb is on no line: the node whose
+            // pool it cannot hold is.
+            if !self.has_path("memory.memory_mb") {
+                return Err(ConfigError::Invalid {
+                    origin: self.origin().to_owned(),
+                    line: self.line_of_path(&at("mtu")),
+                    field: "memory.memory_mb".to_owned(),
+                    problem: format!(
+                        "not set, and the default, {memory_mb} MiB, cannot hold node {:?}'s mbuf \
+                         pool, about {mib} MiB at {at_mtu}, beside the EAL's and the driver's \
+                         own memory (add memory_mb = {need} or more under [memory])",
+                        n.name
+                    ),
+                });
+            }
             return Err(self.invalid(
                 "memory.memory_mb",
                 format!(
-                    "{} MiB cannot hold node {:?}'s mbuf pool, about {mib} MiB at {}, beside \
-                     the EAL's and the driver's own memory (give memory_mb more: {} leaves \
-                     room for the rest)",
-                    self.memory().memory_mb,
-                    n.name,
-                    n.mtu
-                        .map_or("the driver's MTU".to_owned(), |m| format!("mtu {m}")),
-                    mib + 64
+                    "{memory_mb} MiB cannot hold node {:?}'s mbuf pool, about {mib} MiB at \
+                     {at_mtu}, beside the EAL's and the driver's own memory (give memory_mb \
+                     more: {need} leaves room for the rest)",
+                    n.name
                 ),
             ));
         }
@@ -430,7 +446,8 @@ impl ClusterConfig {
                     format!(
                         "each peer's credit (unexpected_bytes / max_peers = {credit} bytes) must \
                          hold one eager message of eager_threshold bytes ({need} bytes with its \
-                         framing) and be at most 1 GiB"
+                         framing) and be at most 1 GiB{}",
+                        credit_fix(&core, credit, need)
                     ),
                 ),
                 ProtoConfigError::Timers(rule) => {
@@ -540,6 +557,40 @@ fn port_problem(port: &str) -> Option<String> {
         return None;
     }
     Some(format!("bad port {port:?} ({want})"))
+}
+
+/// The values that would give each peer the credit it needs: `credit` is
+/// `unexpected_bytes / max_peers`, `need` an eager message's charge.
+fn credit_fix(core: &emx::proto::CoreConfig, credit: u64, need: u64) -> String {
+    use emx::proto::matching::{CHUNK, MSG_OVERHEAD};
+    use emx::proto::{MAX_PEER_CREDIT, MAX_UNEXPECTED_BYTES};
+    let peers = core.max_peers.max(1) as u64;
+    let mut fixes = Vec::new();
+    if credit > MAX_PEER_CREDIT {
+        // Credit is the store divided by the peers, rounded down.
+        fixes.push(format!(
+            "unexpected_bytes {} at most",
+            (MAX_PEER_CREDIT + 1) * peers - 1
+        ));
+        fixes.push(format!(
+            "max_peers {} at least",
+            core.unexpected_bytes / (MAX_PEER_CREDIT + 1) + 1
+        ));
+    } else {
+        if let Some(store) = need
+            .checked_mul(peers)
+            .filter(|&b| b <= MAX_UNEXPECTED_BYTES)
+        {
+            fixes.push(format!("unexpected_bytes {store} at least"));
+        }
+        // The largest message whose charge (its bytes in whole chunks, and
+        // its envelope) the credit holds.
+        let eager = credit.saturating_sub(MSG_OVERHEAD) / CHUNK as u64 * CHUNK as u64;
+        if eager > 0 {
+            fixes.push(format!("eager_threshold {eager} at most"));
+        }
+    }
+    format!(" (give {})", fixes.join(", or "))
 }
 
 #[cfg(test)]

@@ -565,6 +565,11 @@ impl ClusterConfig {
         self.loc.line(path)
     }
 
+    /// Whether the file sets `path` (a field left to its default is not).
+    pub(crate) fn has_path(&self, path: &str) -> bool {
+        self.loc.has(path)
+    }
+
     /// An error at `path` (`protocol.max_recvs`, `node[1].mac`) found by
     /// the file's user, with the file and the line, as the crate's own
     /// checks give theirs: `cluster.toml:7: protocol.max_recvs: <problem>`.
@@ -666,11 +671,37 @@ fn serde_error(origin: &str, loc: &Locator, e: &toml::de::Error) -> ConfigError 
         };
         problem = "missing (this key is required)".to_owned();
     }
+    // toml's words for a number, a boolean or a list where a name belongs.
+    if message == "wanted string or table" {
+        if let Some(names) = names_of(&field) {
+            problem = format!("want one of {names}, as a string in quotes");
+        }
+    }
     ConfigError::Invalid {
         origin: origin.to_owned(),
         line,
         field,
         problem: plain_numbers(&problem),
+    }
+}
+
+/// The names a field that takes one of a set of names takes (`` `auto`,
+/// `require`, `never` ``), from its type.
+fn names_of(field: &str) -> Option<String> {
+    fn names<T: serde::de::DeserializeOwned>() -> Option<String> {
+        use serde::de::{value::Error, IntoDeserializer};
+        // A name no type takes: serde's error lists the names it does.
+        let e = T::deserialize(IntoDeserializer::<Error>::into_deserializer("\u{0}")).err()?;
+        let e = e.to_string();
+        let list = e.split_once(", expected ")?.1;
+        Some(list.strip_prefix("one of ").unwrap_or(list).to_owned())
+    }
+    match field {
+        "memory.hugepages" => names::<emx::runtime::Hugepages>(),
+        "protocol.checksum" => names::<emx::proto::ChecksumMode>(),
+        "logging.level" => names::<LogLevel>(),
+        "logging.format" => names::<LogFormat>(),
+        _ => None,
     }
 }
 
@@ -763,6 +794,35 @@ mod tests {
             err(text),
             "f.toml:1: cluster.id: missing (this key is required)"
         );
+    }
+
+    /// A field that takes one of a set of names, given something else,
+    /// lists the names (toml said "wanted string or table").
+    #[test]
+    fn a_name_field_given_another_type_lists_its_names() {
+        let node = "[[node]]\nid = 1\nname = \"a\"\nmac = \"auto\"\nport = \"net_tap0\"\n";
+        for (table, value, names) in [
+            ("memory", "hugepages = false", "`auto`, `require`, `never`"),
+            (
+                "memory",
+                "hugepages = [\"auto\"]",
+                "`auto`, `require`, `never`",
+            ),
+            ("protocol", "checksum = 1", "`off`, `header`, `full`"),
+            (
+                "logging",
+                "level = 3",
+                "`error`, `warn`, `info`, `debug`, `trace`",
+            ),
+            ("logging", "format = true", "`text` or `json`"),
+        ] {
+            let text = format!("[cluster]\nid = 1\n\n[{table}]\n{value}\n\n{node}");
+            let key = value.split_once(' ').unwrap().0;
+            assert_eq!(
+                err(&text),
+                format!("f.toml:5: {table}.{key}: want one of {names}, as a string in quotes")
+            );
+        }
     }
 
     #[test]

@@ -62,6 +62,11 @@ impl Locator {
             .map_or("", |(_, p)| p.as_str())
     }
 
+    /// Whether the file has `path` itself (not only a table around it).
+    pub(crate) fn has(&self, path: &str) -> bool {
+        self.lines.contains_key(path)
+    }
+
     /// The line of `path`, or of the nearest enclosing path that is in the
     /// file (a field left to its default is reported at its table); 1 when
     /// nothing is.

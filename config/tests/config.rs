@@ -248,6 +248,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("ethertype-pause.toml", 4, "cluster.ethertype", "0x8808 is Ethernet flow control (PAUSE)'s EtherType"),
     ("ethertype-low.toml", 4, "cluster.ethertype", "0x0500 is below 0x0600, where values are frame lengths, not EtherTypes (want 0x0600..=0xffff"),
     ("memory-for-pool.toml", 6, "memory.memory_mb", "128 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000, beside the EAL's and the driver's own memory (give memory_mb more: 210 leaves room for the rest)"),
+    ("memory-default.toml", 9, "memory.memory_mb", "not set, and the default, 512 MiB, cannot hold node \"n1\"'s mbuf pool, about 1027 MiB at mtu 65535, beside the EAL's and the driver's own memory (add memory_mb = 1091 or more under [memory])"),
     ("memory-no-room.toml", 7, "memory.memory_mb", "148 MiB cannot hold node \"n1\"'s mbuf pool, about 146 MiB at mtu 9000, beside"),
     ("missing-port.toml", 11, "node[1].port", "missing (this key is required)"),
     ("mtu-mismatch.toml", 16, "node[1].mtu", "mtu 1500 differs from node[0] \"n1\" at line 5 (mtu 9000): frames longer than a peer's MTU are dropped there (give every node the same mtu)"),
@@ -274,6 +275,8 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("window-type.toml", 6, "protocol.window", "\"ten\" is not a number (want a whole number in 0..=4294967295)"),
     ("endpoint-too-large.toml", 10, "node[0].endpoints[1]", "300 is out of range (want a whole number in 0..=255)"),
     ("ethertype-quoted.toml", 4, "cluster.ethertype", "\"0x88B5\" is in quotes: write the number without them (0x88B5)"),
+    ("credit-small.toml", 6, "protocol.unexpected_bytes", "(unexpected_bytes / max_peers = 15625 bytes) must hold one eager message of eager_threshold bytes (33024 bytes with its framing) and be at most 1 GiB (give unexpected_bytes 2113536 at least, or eager_threshold 15360 at most)"),
+    ("credit-large.toml", 6, "protocol.unexpected_bytes", "(unexpected_bytes / max_peers = 2147483648 bytes) must hold one eager message of eager_threshold bytes (33024 bytes with its framing) and be at most 1 GiB (give unexpected_bytes 2147483649 at most, or max_peers 4 at least)"),
 ];
 
 /// Loads a broken file the way a node would on a 4-CPU machine: parse, then
@@ -328,6 +331,59 @@ fn broken_files_fail_with_file_line_field_and_expectation() {
         }
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// The values a credit error offers are the bounds: each loads, and one
+/// step past it fails.
+#[test]
+fn credit_errors_give_the_exact_bounds() {
+    let file = |protocol: &str| {
+        format!(
+            "[cluster]\nid = 1\n\n[protocol]\n{protocol}\n\n[[node]]\nid = 1\nname = \"n1\"\n\
+             mac = \"auto\"\nport = \"net_af_packet0,iface=eth1\"\n"
+        )
+    };
+    let loads = |protocol: &str| ClusterConfig::parse(&file(protocol), "t.toml").is_ok();
+    for (protocol, fixes) in [
+        (
+            "unexpected_bytes = 1000000",
+            &[
+                ("unexpected_bytes = 2113536", "unexpected_bytes = 2113535"),
+                (
+                    "unexpected_bytes = 1000000\neager_threshold = 15360",
+                    "unexpected_bytes = 1000000\neager_threshold = 15361",
+                ),
+            ][..],
+        ),
+        (
+            "unexpected_bytes = 4294967296\nmax_peers = 2",
+            &[
+                (
+                    "unexpected_bytes = 2147483649\nmax_peers = 2",
+                    "unexpected_bytes = 2147483650\nmax_peers = 2",
+                ),
+                (
+                    "unexpected_bytes = 4294967296\nmax_peers = 4",
+                    "unexpected_bytes = 4294967296\nmax_peers = 3",
+                ),
+            ][..],
+        ),
+    ] {
+        let e = ClusterConfig::parse(&file(protocol), "t.toml")
+            .unwrap_err()
+            .to_string();
+        for (fixed, past) in fixes {
+            // The line the fix changes.
+            let line = fixed.lines().find(|l| !protocol.contains(l)).unwrap();
+            let (key, value) = line.split_once(" = ").unwrap();
+            assert!(
+                e.contains(&format!("{key} {value}")),
+                "{e} offers no {fixed}"
+            );
+            assert!(loads(fixed), "{fixed}");
+            assert!(!loads(past), "{past}");
+        }
+    }
 }
 
 #[test]
