@@ -64,7 +64,9 @@ pub enum Request {
 }
 
 /// The sizes `check` sends when not told: one eager message and one that
-/// goes by rendezvous (with the default eager threshold of 32 KiB).
+/// goes by rendezvous (with the default eager threshold of 32 KiB). Where a
+/// small `[memory] region_mb` leaves some node's responder a limit below
+/// 1 MiB, the larger is that limit.
 pub const DEFAULT_CHECK_SIZES: [u64; 2] = [1000, 1 << 20];
 
 /// A node, by id or by name.

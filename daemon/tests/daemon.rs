@@ -1194,11 +1194,17 @@ fn two_daemons_over_memif() {
 
 /// The example as it is, MACs `auto`: each daemon reports the other
 /// unresolved or unknown until the engine learns its address, then up, and
-/// echoes are byte-exact both ways.
+/// echoes are byte-exact both ways. Its region is 2 MiB, so that each
+/// responder takes 512 KiB: a check without sizes stays within that (it
+/// used to send 1 MiB, and fail).
 #[test]
 fn two_daemons_with_learnt_macs() {
     let dir = TempDir::new("auto");
     let config = cluster_file(&dir, false);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let small = text.replacen("region_mb = 32 ", "region_mb = 2 ", 1);
+    assert_ne!(small, text, "the example's region_mb");
+    std::fs::write(&config, small).unwrap();
     let a = Daemon::start(&config, "server", &dir, "server.log");
     let memif = dir.path("memif.sock");
     wait_for(Duration::from_secs(10), "the memif socket", || {
@@ -1217,8 +1223,18 @@ fn two_daemons_with_learnt_macs() {
         });
         assert_eq!(Some(mac), port_mac(of), "learnt");
     }
-    check_passes(&a, "1000,1M", 2);
-    check_passes(&b, "1000,1M", 2);
+    for d in [&a, &b] {
+        let v = d.json(&["check"]);
+        assert_eq!(v["ok"], true, "{v}");
+        let sizes: Vec<u64> = v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["size"].as_u64().unwrap())
+            .collect();
+        assert_eq!(sizes, [1000, 512 << 10], "{v}");
+        assert_eq!(d.json(&["status"])["max_message"], 512 << 10);
+    }
 
     // B stops and comes back (its port's MAC may change): A learns it
     // again.
@@ -1238,7 +1254,7 @@ fn two_daemons_with_learnt_macs() {
         .as_str()
         .map(str::to_owned);
     assert_eq!(learnt, port_mac(&b));
-    check_passes(&a, "1000,1M", 2);
+    check_passes(&a, "1000,512K", 2);
     for mut d in [a, b] {
         d.signal(Signal::SIGTERM);
         assert!(d.wait(Duration::from_secs(8)).success(), "{}", d.log());

@@ -328,15 +328,7 @@ impl Daemon {
         let refuse = |why: String| {
             let _ = reply.send(reply_err::<()>(&why, None));
         };
-        let sizes = sizes.unwrap_or_else(|| DEFAULT_CHECK_SIZES.to_vec());
-        if sizes.is_empty() || sizes.len() > MAX_CHECK_SIZES {
-            return refuse(format!(
-                "give 1 to {MAX_CHECK_SIZES} sizes to check ({} given)",
-                sizes.len()
-            ));
-        }
         let cluster = &self.cluster;
-        let name_of = |node: u16| cluster.node_by_id(node).map(|n| n.name.clone());
         // A peer's responder takes what its share of the region holds, as
         // this node's does (main.rs): cluster-wide region_mb over its own
         // endpoints.
@@ -347,6 +339,24 @@ impl Daemon {
                 )
             })
         };
+        // The default sizes, within every responder's limit: a small
+        // region_mb would have failed every default check otherwise.
+        let sizes = sizes.unwrap_or_else(|| {
+            let least = cluster.nodes().iter().map(|n| limit_of(n.id)).min();
+            let mut v: Vec<u64> = DEFAULT_CHECK_SIZES
+                .iter()
+                .map(|&s| least.map_or(s, |l| s.min(l as u64)))
+                .collect();
+            v.dedup();
+            v
+        });
+        if sizes.is_empty() || sizes.len() > MAX_CHECK_SIZES {
+            return refuse(format!(
+                "give 1 to {MAX_CHECK_SIZES} sizes to check ({} given)",
+                sizes.len()
+            ));
+        }
+        let name_of = |node: u16| cluster.node_by_id(node).map(|n| n.name.clone());
         let states = match self.stations[0].peer_states() {
             Ok(s) => s,
             Err(e) => return refuse(format!("cannot read the peers: {e}; try again")),
