@@ -691,7 +691,12 @@ fn a_hang_up_ignored_at_start_stays_ignored() {
     a.signal(Signal::SIGTERM);
     let status = a.wait(Duration::from_secs(3));
     assert!(status.success(), "{status}: {}", a.log());
-    assert!(a.log().contains("stopped while starting"), "{}", a.log());
+    let log = a.log();
+    assert!(log.contains("stopped while starting"), "{log}");
+    assert!(
+        log.contains("signal=\"SIGHUP\"") && log.contains("signal ignored at start"),
+        "{log}"
+    );
 }
 
 /// A signal while emxd waits for its link (a memif server with no client
@@ -710,7 +715,10 @@ fn a_signal_during_start_up_stops_emxd() {
         a.signal(sig);
         let status = a.wait(Duration::from_secs(3));
         assert!(status.success(), "{sig}: {status}: {}", a.log());
-        assert!(a.log().contains("stopped while starting"), "{}", a.log());
+        let log = a.log();
+        assert!(log.contains("stopped while starting"), "{log}");
+        // Named, not numbered (numbers differ between architectures).
+        assert!(log.contains(&format!("by=\"{sig}\"")), "{log}");
         assert!(!a.control.exists(), "the control socket is removed");
     }
 }
@@ -747,7 +755,16 @@ fn control_requests_while_starting() {
     a.signal(Signal::SIGTERM);
     let status = a.wait(Duration::from_secs(3));
     assert!(status.success(), "{status}: {}", a.log());
-    assert!(a.log().contains("stopped while starting"), "{}", a.log());
+    let log = a.log();
+    assert!(log.contains("stopped while starting"), "{log}");
+    assert!(log.contains("by=\"a shutdown request\""), "{log}");
+    // Logged by the connection's thread, in the node's span as the main
+    // thread's lines are (its threads used to log outside it).
+    let line = log.lines().find(|l| l.contains("shutdown requested"));
+    assert!(
+        line.is_some_and(|l| l.contains("emxd{node=server")),
+        "{log}"
+    );
 }
 
 /// A fake emxd at `sock` that answers every request line with `reply`
@@ -1189,6 +1206,12 @@ fn two_daemons_over_memif() {
     a.signal(Signal::SIGINT);
     assert!(a.wait(Duration::from_secs(8)).success(), "{}", a.log());
     assert!(!a.control.exists());
+    let log = a.log();
+    let line = log.lines().find(|l| l.contains("signal received"));
+    assert!(
+        line.is_some_and(|l| l.contains("signal=\"SIGINT\"")),
+        "{log}"
+    );
     eprintln!("two daemons: {:?}", begun.elapsed());
 }
 

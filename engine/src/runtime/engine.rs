@@ -865,9 +865,13 @@ impl Engine {
                 engine.events = consumers.into_iter().map(Some).collect();
                 let (ready_tx, ready_rx) = std::sync::mpsc::channel();
                 let backoff = Backoff::new(spin, cfg.idle_sleep_us);
+                // The starter's span goes with the thread, so that its log
+                // lines say what the starter's do (a daemon's node, say).
+                let span = tracing::Span::current();
                 let handle = std::thread::Builder::new()
                     .name(format!("emx-poll-{}", cfg.node))
                     .spawn(move || {
+                        let _starter = span.entered();
                         poll_thread(
                             driver,
                             shared,

@@ -70,6 +70,8 @@ pub struct Daemon {
     max: usize,
     ctl: Receiver<Control>,
     stop: Arc<AtomicBool>,
+    /// The number of the signal that raised `stop`.
+    signal: Arc<std::sync::atomic::AtomicUsize>,
     /// A `shutdown` asked over the control socket while emxd started.
     asked_early: Arc<AtomicBool>,
 }
@@ -94,13 +96,18 @@ pub struct Parts {
 
 impl Daemon {
     /// A daemon over a started node; `stop` is raised by the signal
-    /// handlers, `asked_early` by a `shutdown` asked while emxd started.
+    /// handlers, which leave their signal's number in `signal`,
+    /// `asked_early` by a `shutdown` asked while emxd started.
     pub fn new(
         parts: Parts,
         cluster: ClusterConfig,
         info: NodeInfo,
         ctl: Receiver<Control>,
-        (stop, asked_early): (Arc<AtomicBool>, Arc<AtomicBool>),
+        (stop, signal, asked_early): (
+            Arc<AtomicBool>,
+            Arc<std::sync::atomic::AtomicUsize>,
+            Arc<AtomicBool>,
+        ),
     ) -> Daemon {
         Daemon {
             stations: parts.stations,
@@ -116,6 +123,7 @@ impl Daemon {
             max: parts.max,
             ctl,
             stop,
+            signal,
             asked_early,
         }
     }
@@ -197,7 +205,8 @@ impl Daemon {
         if asked {
             info!("shutdown requested over the control socket");
         } else {
-            info!("signal received");
+            let signal = crate::signal_name(self.signal.load(Ordering::Relaxed));
+            info!(signal, "signal received");
         }
         self.shutdown()
     }

@@ -151,6 +151,8 @@ fn run(args: Args) -> Result<(), Failure> {
     let region_bytes = cluster.memory().region_bytes();
 
     let stop = Arc::new(AtomicBool::new(false));
+    // The last signal's number, for the log.
+    let signal = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // SIGHUP too: a terminal that closes under `emxd ... &` would otherwise
     // kill it outright, with no drain and its socket file left behind.
     // But SIGHUP and SIGINT ignored at start stay ignored, as shells expect
@@ -164,14 +166,21 @@ fn run(args: Args) -> Result<(), Failure> {
         signal_hook::consts::SIGHUP,
     ] {
         if sig != signal_hook::consts::SIGTERM && ignored(sig) {
-            info!(signal = sig, "signal ignored at start: left ignored");
+            info!(
+                signal = signal_name(sig as usize),
+                "signal ignored at start: left ignored"
+            );
             continue;
         }
         // A second signal while draining ends emxd at once (exit 1).
         signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
             .map_err(|e| Failure::Start(format!("cannot handle signal {sig}: {e}")))?;
-        signal_hook::flag::register(sig, stop.clone())
-            .map_err(|e| Failure::Start(format!("cannot handle signal {sig}: {e}")))?;
+        // The number first: whoever sees `stop` finds it.
+        signal_hook::flag::register_usize(sig, signal.clone(), sig as usize)
+            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
+            .map_err(|e| {
+                Failure::Start(format!("cannot handle {}: {e}", signal_name(sig as usize)))
+            })?;
     }
     let control = args
         .control
@@ -200,7 +209,11 @@ fn run(args: Args) -> Result<(), Failure> {
         stop.load(Ordering::Relaxed) || asked.load(Ordering::Relaxed)
     });
     if let Err(emx::runtime::Error::Stopped) = started {
-        info!("stopped while starting, before the link came up");
+        let by = match signal.load(Ordering::Relaxed) {
+            _ if asked.load(Ordering::Relaxed) => "a shutdown request",
+            n => signal_name(n),
+        };
+        info!(by, "stopped while starting, before the link came up");
         return Ok(());
     }
     let Node {
@@ -276,7 +289,7 @@ fn run(args: Args) -> Result<(), Failure> {
         max,
     };
     gate.up.store(true, Ordering::Release);
-    let served = Daemon::new(parts, cluster, info, rx, (stop, asked)).run();
+    let served = Daemon::new(parts, cluster, info, rx, (stop, signal, asked)).run();
     drop(socket_file);
     served.map_err(Failure::Start)
 }
@@ -363,6 +376,15 @@ fn init_logging(level: LevelFilter, json: bool) {
     } else {
         b.with_ansi(std::io::stderr().is_terminal()).init();
     }
+}
+
+/// A signal's name for the log (`SIGTERM`); signal numbers differ between
+/// architectures.
+pub(crate) fn signal_name(n: usize) -> &'static str {
+    i32::try_from(n)
+        .ok()
+        .and_then(signal_hook::low_level::signal_name)
+        .unwrap_or("a signal")
 }
 
 /// Which signals this process started with ignored: the `SigIgn` mask of

@@ -254,9 +254,13 @@ impl Read for Deadline<'_> {
 /// Serves `listener` on its own threads, handing requests to `tx`.
 pub fn serve(listener: UnixListener, tx: Sender<Control>, gate: Arc<Gate>) -> Result<(), String> {
     let live = Arc::new(AtomicUsize::new(0));
+    // The caller's span (the node's) goes with the threads: their lines name
+    // the node as the main thread's do.
+    let span = tracing::Span::current();
     std::thread::Builder::new()
         .name("emxd-control".into())
         .spawn(move || {
+            let _node = span.clone().entered();
             // An accept that keeps failing is logged once, until one works.
             let mut failing = false;
             for conn in listener.incoming() {
@@ -272,10 +276,12 @@ pub fn serve(listener: UnixListener, tx: Sender<Control>, gate: Arc<Gate>) -> Re
                         let (tx, gate) = (tx.clone(), gate.clone());
                         live.fetch_add(1, Ordering::Relaxed);
                         let done = Live(live.clone());
+                        let span = span.clone();
                         let spawned =
                             std::thread::Builder::new()
                                 .name("emxd-conn".into())
                                 .spawn(move || {
+                                    let _node = span.entered();
                                     let _done = done;
                                     connection(stream, tx, &gate)
                                 });
