@@ -53,7 +53,7 @@
 //!
 //! [logging]
 //! level = "debug"         # "error" | "warn" | "info" | "debug" | "trace" ["info"]
-//! format = "text"         # "text" | "json" ["text"]
+//! format = "text"         # "text" | "json" ["text"]; emxd's lines and DPDK's alike
 //!
 //! [[node]]
 //! id = 1                          # node number, unique (required)

@@ -247,6 +247,37 @@ fn a_port_that_cannot_be_opened_exits_1() {
         "{err}"
     );
     assert!(!control.exists(), "the control socket is removed");
+    // DPDK's own lines go through emxd's log: in text, in the node's span;
+    // with JSON logs, as JSON lines (they used to be plain text among them).
+    assert!(
+        err.lines()
+            .any(|l| l.contains("ERROR emxd{node=server") && l.contains("EAL: ")),
+        "{err}"
+    );
+    let o = emxd(&[
+        "--config",
+        file.to_str().unwrap(),
+        "--node",
+        "server",
+        "--control",
+        control.to_str().unwrap(),
+        "--log-format",
+        "json",
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let lines: Vec<Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "ERROR"
+            && l["span"]["node"] == "server"
+            && l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("EAL: "))),
+        "{err}"
+    );
 }
 
 /// `--control` naming a file that is not a socket (the cluster file, given

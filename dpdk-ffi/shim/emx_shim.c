@@ -736,4 +736,9 @@ int emx_log_through(emx_log_write write)
 	return rte_openlog_stream(f);
 }
 
+int emx_log_level(void)
+{
+	return rte_log_cur_msg_loglevel();
+}
+
 uint64_t rte_rdtsc_(void) { return rte_rdtsc(); }

@@ -83,6 +83,8 @@ void emx_quiet_bpf_logs(void);
  */
 typedef ssize_t (*emx_log_write)(void *cookie, const char *buf, size_t size);
 int emx_log_through(emx_log_write write);
+/* The level (RTE_LOG_ERR...) of the message this thread is writing. */
+int emx_log_level(void);
 
 uint64_t rte_rdtsc_(void);
 

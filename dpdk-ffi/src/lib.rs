@@ -56,6 +56,7 @@ pub use eal::{is_pci_address, pci_canonical, Eal, EalBuilder, HugepageMode};
 pub use error::{Errno, Error, Result};
 pub use extmem::{ExtBuf, ExtMem};
 pub use guard::unmap_guarded;
+pub use log::{log_to, LogLevel, LogSink};
 pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for_mtu, Mempool, DEFAULT_DATA_ROOM};
 pub use port::{

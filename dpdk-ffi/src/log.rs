@@ -13,13 +13,71 @@
 //!   not supported`: net_memif offering its regions to secondary processes,
 //!   which cannot exist without multi-process support.
 //!
-//! Every other message goes to stderr as DPDK wrote it. An EAL started from a
-//! raw argument list ([`Eal::init`](crate::Eal::init)) logs as DPDK does.
+//! Every other message goes to stderr as DPDK wrote it, or, once
+//! [`log_to`] has named a function, to it, a line at a time with its level
+//! (an application whose own log is JSON lines keeps DPDK's lines among
+//! them that way). An EAL started from a raw argument list
+//! ([`Eal::init`](crate::Eal::init)) logs as DPDK does.
 
 use std::io::Write;
 use std::os::raw::{c_char, c_void};
+use std::sync::OnceLock;
 
 use crate::sys;
+
+/// The severity DPDK gave a message, its eight levels folded to five.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// `RTE_LOG_EMERG` to `RTE_LOG_ERR`.
+    Error,
+    /// `RTE_LOG_WARNING`.
+    Warning,
+    /// `RTE_LOG_NOTICE`.
+    Notice,
+    /// `RTE_LOG_INFO`.
+    Info,
+    /// `RTE_LOG_DEBUG` (and anything past it).
+    Debug,
+}
+
+impl LogLevel {
+    fn from_rte(level: i32) -> LogLevel {
+        match level {
+            ..=4 => LogLevel::Error,
+            5 => LogLevel::Warning,
+            6 => LogLevel::Notice,
+            7 => LogLevel::Info,
+            _ => LogLevel::Debug,
+        }
+    }
+}
+
+/// A function that takes DPDK's messages: the level, and one line without
+/// its newline.
+pub type LogSink = fn(LogLevel, &str);
+
+static SINK: OnceLock<LogSink> = OnceLock::new();
+
+/// Sends DPDK's messages to `sink` from now on, for the life of the process,
+/// instead of to stderr: each line of a message on its own, with the
+/// message's level (the two warnings of this module's list are left out as
+/// before). Only where the EAL was started through
+/// [`EalBuilder`](crate::EalBuilder), which routes DPDK's log through this
+/// module. The first sink named stays: `false` when one was named already.
+///
+/// `sink` runs on whichever thread DPDK logs from (an interrupt thread's
+/// driver messages among them); a panic in it is caught and the line lost.
+///
+/// ```
+/// fn to_stdout(level: dpdk_ffi::LogLevel, line: &str) {
+///     println!("dpdk {level:?}: {line}");
+/// }
+/// assert!(dpdk_ffi::log_to(to_stdout));
+/// assert!(!dpdk_ffi::log_to(to_stdout), "the first stays");
+/// ```
+pub fn log_to(sink: LogSink) -> bool {
+    SINK.set(sink).is_ok()
+}
 
 /// Whether `msg`, one message as DPDK wrote it, is one of the two warnings.
 pub(crate) fn expected(msg: &[u8]) -> bool {
@@ -46,12 +104,31 @@ unsafe extern "C" fn write(_cookie: *mut c_void, buf: *const c_char, size: usize
     }
     // SAFETY: stdio hands over `size` readable bytes at `buf` for this call.
     let chunk = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) };
+    if let Some(&sink) = SINK.get() {
+        // SAFETY: a plain call; DPDK set this thread's current message
+        // before writing it.
+        let level = LogLevel::from_rte(unsafe { sys::emx_log_level() });
+        to_sink(sink, level, chunk);
+        return size as isize;
+    }
     let mut err = std::io::stderr().lock();
     for line in kept(chunk) {
         // Nowhere to report a failed write to stderr; stdio is told all went.
         let _ = err.write_all(line);
     }
     size as isize
+}
+
+/// Hands the kept lines of `chunk` to `sink`, without their newlines (and
+/// without blank ones). A panic stops here: it must not unwind into C.
+fn to_sink(sink: LogSink, level: LogLevel, chunk: &[u8]) {
+    for line in kept(chunk) {
+        let line = String::from_utf8_lossy(line);
+        let line = line.trim_end();
+        if !line.is_empty() {
+            let _ = std::panic::catch_unwind(|| sink(level, line));
+        }
+    }
 }
 
 /// Sends DPDK's log messages through [`expected`] to stderr. Call before
@@ -66,7 +143,39 @@ pub(crate) fn filter() {
 
 #[cfg(test)]
 mod tests {
-    use super::{expected, kept};
+    use super::{expected, kept, to_sink, LogLevel};
+    use std::sync::Mutex;
+
+    static GOT: Mutex<Vec<(LogLevel, String)>> = Mutex::new(Vec::new());
+
+    fn record(level: LogLevel, line: &str) {
+        GOT.lock().unwrap().push((level, line.to_owned()));
+    }
+
+    fn panics(_: LogLevel, line: &str) {
+        panic!("{line}");
+    }
+
+    /// A sink gets each line alone, without its newline, the warnings and
+    /// blank lines left out; a panic in it goes no further.
+    #[test]
+    fn a_sink_gets_lines() {
+        let chunk = b"EAL: Detected lcores: 2\n\nEAL: No free 2048 kB hugepages reported on node 1\nmemif_rx(): real error \r\npartial";
+        to_sink(record, LogLevel::Notice, chunk);
+        to_sink(panics, LogLevel::Error, b"boom\n");
+        assert_eq!(
+            *GOT.lock().unwrap(),
+            [
+                (LogLevel::Notice, "EAL: Detected lcores: 2".to_owned()),
+                (LogLevel::Notice, "memif_rx(): real error".to_owned()),
+                (LogLevel::Notice, "partial".to_owned()),
+            ]
+        );
+        assert_eq!(LogLevel::from_rte(1), LogLevel::Error);
+        assert_eq!(LogLevel::from_rte(4), LogLevel::Error);
+        assert_eq!(LogLevel::from_rte(5), LogLevel::Warning);
+        assert_eq!(LogLevel::from_rte(8), LogLevel::Debug);
+    }
 
     /// A warning and another thread's message in one chunk: the other stays.
     #[test]

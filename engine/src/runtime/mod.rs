@@ -24,8 +24,8 @@ pub use engine::{
     MAX_RING,
 };
 pub use node::{
-    register_memory, start_node, start_node_on, start_node_until, EalConfig, Hugepages, LinkConfig,
-    Node, NodeConfig,
+    log_dpdk_to_tracing, register_memory, start_node, start_node_on, start_node_until, EalConfig,
+    Hugepages, LinkConfig, Node, NodeConfig,
 };
 pub use request::{Buf, Completed, Request};
 

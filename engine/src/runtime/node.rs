@@ -12,6 +12,31 @@ use super::engine::{Engine, EngineConfig};
 use super::Error;
 use crate::io::DpdkIo;
 
+/// Sends DPDK's own messages (the EAL's, the drivers') through `tracing`
+/// from now on, with target `dpdk`, instead of straight to stderr: an
+/// application whose log is `tracing`'s then has them in its format (JSON
+/// lines, say), under its level filter, and, for those the EAL writes on
+/// the thread that starts it, in its span. DPDK's errors are `ERROR`, its
+/// warnings `WARN`, its notices and information `INFO`, its debug lines
+/// `DEBUG`.
+///
+/// Call it once, before starting a node; it holds for the life of the
+/// process, and only for an EAL that this crate starts (see
+/// [`dpdk_ffi::log_to`]). `false` when DPDK's messages already had a
+/// destination.
+pub fn log_dpdk_to_tracing() -> bool {
+    fn sink(level: dpdk_ffi::LogLevel, line: &str) {
+        use dpdk_ffi::LogLevel as L;
+        match level {
+            L::Error => tracing::error!(target: "dpdk", "{line}"),
+            L::Warning => tracing::warn!(target: "dpdk", "{line}"),
+            L::Notice | L::Info => tracing::info!(target: "dpdk", "{line}"),
+            L::Debug => tracing::debug!(target: "dpdk", "{line}"),
+        }
+    }
+    dpdk_ffi::log_to(sink)
+}
+
 /// Hugepage choice, as a configuration file spells it.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

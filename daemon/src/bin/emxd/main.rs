@@ -376,6 +376,9 @@ fn init_logging(level: LevelFilter, json: bool) {
     } else {
         b.with_ansi(std::io::stderr().is_terminal()).init();
     }
+    // DPDK's lines too: in the same format (plain lines among JSON ones were
+    // dropped, or choked on, by collectors), under the same level.
+    emx::runtime::log_dpdk_to_tracing();
 }
 
 /// A signal's name for the log (`SIGTERM`); signal numbers differ between
