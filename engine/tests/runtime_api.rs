@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emx::io::{Mac, MemIo, MemNetwork, PacketIo};
-use emx::proto::{Addr, RequestError};
+use emx::proto::{Addr, RecvError, RequestError};
 use emx::runtime::{
     Buf, Endpoint, Engine, EngineConfig, Error, PeerConfig, ProgressMode, ProtocolConfig, RecvBuf,
 };
@@ -310,15 +310,26 @@ fn bounded_wait(mode: ProgressMode) {
     let t = Instant::now();
     assert!(b.wait_any_timeout(&[r, other], timeout).unwrap().is_none());
     assert!(t.elapsed() >= timeout);
+    // A look without a wait: test_any, or a zero timeout.
+    assert!(b.test_any(&[r, other]).unwrap().is_none());
+    assert!(b.test_any(&[]).unwrap().is_none());
+    assert!(b
+        .wait_any_timeout(&[r, other], Duration::ZERO)
+        .unwrap()
+        .is_none());
     let s = a.isend(Addr::new(2, 0), 7, data(7, 64)).unwrap();
     let (k, c) = loop {
         a.progress();
-        if let Some(done) = b.wait_any_timeout(&[other, r], timeout).unwrap() {
+        if let Some(done) = b.test_any(&[other, r]).unwrap() {
             break done;
         }
     };
     assert_eq!(k, 1);
     assert_eq!(c.into_recv().unwrap().0.as_ref(), data(7, 64).as_slice());
+    assert!(matches!(
+        b.test_any(&[other, r]),
+        Err(Error::UnknownRequest)
+    ));
     while a.test(s).unwrap().is_none() {
         b.progress();
     }
@@ -341,6 +352,9 @@ fn probe_cancel_and_stale_handles() {
     for mode in [ProgressMode::Inline, thread_mode()] {
         let (_ea, _eb, mut a, mut b) = joined(&mode);
         let s = a.isend(Addr::new(2, 0), 42, vec![9u8; 100]).unwrap();
+        // Sends are not cancelled, in either mode (a polling thread's
+        // endpoint used to say it queued the cancel).
+        assert!(!a.cancel(s).unwrap(), "{mode:?}");
         // Unexpected at b until a receive is posted: probe sees it.
         let deadline = Instant::now() + Duration::from_secs(5);
         let found = loop {
@@ -351,6 +365,24 @@ fn probe_cancel_and_stale_handles() {
             assert!(Instant::now() < deadline, "probe never saw the message");
         };
         assert_eq!((found.match_bits, found.len), (42, 100));
+        // Another endpoint of its own node is no peer: frames to the node's
+        // own address do not come back.
+        assert!(
+            matches!(
+                b.add_peer(Addr::new(2, 1), [2, 0, 0, 0, 0, 9]),
+                Err(Error::Peer(emx::proto::PeerError::SelfAddress))
+            ),
+            "{mode:?}"
+        );
+        // A source that is no peer is refused, as irecv refuses it (probe
+        // used to say there was no message).
+        assert!(
+            matches!(
+                b.probe(Some(Addr::new(9, 0)), 0, 0),
+                Err(Error::Recv(RecvError::UnknownPeer))
+            ),
+            "{mode:?}"
+        );
         // A receive for something else can be cancelled.
         let r = b.irecv(None, 7, u64::MAX, vec![0u8; 10]).unwrap();
         assert!(b.cancel(r).unwrap());
@@ -360,6 +392,7 @@ fn probe_cancel_and_stale_handles() {
             "{:?}",
             c.result
         );
+        assert!(c.result.unwrap_err().is_cancelled());
         assert!(
             matches!(b.test(r), Err(Error::UnknownRequest)),
             "a taken handle is stale"
@@ -370,6 +403,15 @@ fn probe_cancel_and_stale_handles() {
             "{info:?}"
         );
         assert_eq!(buf.as_ref(), &[9u8; 64][..]);
+        // A receive that finished and was not taken yet: too late.
+        let late = b.irecv(None, 43, u64::MAX, vec![0u8; 8]).unwrap();
+        a.isend(Addr::new(2, 0), 43, vec![1u8; 8]).unwrap();
+        while !b.is_done(late).unwrap() {
+            a.progress();
+            b.progress();
+        }
+        assert!(!b.cancel(late).unwrap(), "{mode:?}");
+        assert!(b.wait(late).unwrap().result.is_ok());
         // An inline engine acknowledges only while driven: drive b too.
         let done = loop {
             if let Some(c) = a.test(s).unwrap() {
@@ -1003,6 +1045,13 @@ fn a_closed_endpoint_takes_no_more_messages() {
             "close {close}: {:?}",
             c.result
         );
+        assert!(c.result.unwrap_err().is_peer_unreachable());
+        // Refused in the call (inline) or failed at once (polling thread):
+        // the same answer either way.
+        match a.isend(Addr::new(2, 0), 3, vec![3u8; 8]) {
+            Err(r) => assert!(r.error.is_peer_unreachable(), "{}", r.error),
+            Ok(r) => assert!(a.wait(r).unwrap().result.unwrap_err().is_peer_unreachable()),
+        }
         drop(a);
         ea.shutdown(Duration::from_secs(1)).unwrap();
         eb.shutdown(Duration::from_secs(1)).unwrap();
@@ -1939,5 +1988,71 @@ fn wait_any_refuses_a_spent_handle_wherever_it_stands() {
         // Still there to take.
         let (buf, _) = b.wait(r).unwrap().into_recv().unwrap();
         assert_eq!(buf.as_ref(), &[2; 8][..], "{mode:?}");
+    }
+}
+
+/// An inline engine shut down while its endpoint is out: the endpoint
+/// refuses new work, a send under way finishes, and a receive waiting for a
+/// message completes with `ShutDown` once nothing else is under way (a wait
+/// on it used to block for good: the engine's stop only set a flag).
+#[test]
+fn an_inline_shutdown_ends_the_endpoints_waits() {
+    let (ea, eb, mut a, mut b) = joined(&ProgressMode::Inline);
+    let r = a.irecv(None, 7, !0, vec![0u8; 64]).unwrap();
+    // B drives itself from its own thread, echoing nothing: it only takes
+    // A's message and acknowledges it.
+    let got = std::thread::spawn(move || {
+        let r = b.irecv(None, 1, !0, vec![0u8; 100_000]).unwrap();
+        let c = b.wait(r).unwrap();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(300) {
+            b.progress();
+        }
+        drop(b);
+        drop(eb);
+        c
+    });
+    let s = a.isend(Addr::new(2, 0), 1, data(1, 100_000)).unwrap();
+    let t = Instant::now();
+    ea.shutdown(Duration::from_secs(10)).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(matches!(
+        a.isend(Addr::new(2, 0), 2, vec![0u8; 8]),
+        Err(e) if matches!(e.error, Error::ShutDown)
+    ));
+    // The send under way finishes; then the receive, waiting for a message
+    // nobody sends, ends at once, long before the deadline.
+    let c = a.wait_timeout(s, Duration::from_secs(5)).unwrap();
+    assert!(c.expect("the send finished").result.is_ok());
+    let c = a
+        .wait_timeout(r, Duration::from_secs(5))
+        .unwrap()
+        .expect("the receive ended");
+    assert!(matches!(c.result, Err(Error::ShutDown)), "{:?}", c.result);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let (buf, _) = got.join().unwrap().into_recv().unwrap();
+    assert!(buf.as_ref() == data(1, 100_000).as_slice());
+    drop(a);
+}
+
+/// A peer on the engine's own node is refused at start, naming it: the link
+/// does not bring frames to the node's own address back (the engine used to
+/// start, and its sends to the sibling went unanswered).
+#[test]
+fn a_peer_on_the_own_node_is_refused_at_start() {
+    let (ia, _ib) = MemNetwork::pair(1500);
+    let mut c = cfg(1, (2, [2, 0, 0, 0, 0, 2]), ProgressMode::Inline);
+    c.peers.push(PeerConfig {
+        node: 1,
+        endpoint: 1,
+        mac: ia.mac(),
+    });
+    match Engine::start(&c, ia) {
+        Err(Error::Setup(m)) => assert!(m.contains("peer 1:1 is on this node"), "{m}"),
+        other => panic!("{:?}", other.map(|_| ())),
     }
 }

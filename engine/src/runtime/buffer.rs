@@ -26,8 +26,9 @@ pub enum SendBuf {
 }
 
 impl SendBuf {
-    /// The slice `offset..offset + len` as a frame payload.
-    pub fn payload(&self, offset: usize, len: usize) -> Payload<'_> {
+    /// The slice `offset..offset + len` as a frame payload (the driver's,
+    /// for ranges the core took from this buffer's length).
+    pub(crate) fn payload(&self, offset: usize, len: usize) -> Payload<'_> {
         match self {
             SendBuf::Owned(v) => Payload::Copy(&v[offset..offset + len]),
             SendBuf::Registered(buf) => Payload::Registered { buf, offset, len },

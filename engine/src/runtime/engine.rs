@@ -12,7 +12,8 @@
 //!   progress itself whenever it tests or waits, with no cross-core hop. The
 //!   lowest latency on few cores. An inline engine acts only while driven:
 //!   it acknowledges, answers rendezvous pulls and keepalives only inside
-//!   `test`, `wait` and `progress`. A peer waiting on an engine that nobody
+//!   its endpoint's calls (`test`, `wait`, `progress`, and `isend` and
+//!   `probe`, which send and poll). A peer waiting on an engine that nobody
 //!   drives hears nothing, and after `peer_timeout` declares it unreachable;
 //!   keep calling [`Endpoint::progress`] when idle.
 //!
@@ -423,7 +424,7 @@ enum Event {
         req: Request,
         c: Completed,
     },
-    Probe(Option<ProbeInfo>),
+    Probe(Result<Option<ProbeInfo>, RecvError>),
     AddPeer(Result<(), Error>),
     /// (boxed: rare, and large next to the completions the ring mostly carries)
     Stats(Box<(Option<PeerStats>, IoStats)>),
@@ -796,10 +797,27 @@ impl Engine {
                 IDLE_SLEEP_US.end()
             )));
         }
-        let core_cfg = cfg.protocol.core_config(io.max_frame() - 14);
+        // A link's frames hold the Ethernet header first; one too short for
+        // it (a `PacketIo` of the application's) is refused, not wrapped.
+        let mtu = io.max_frame().checked_sub(14).ok_or_else(|| {
+            Error::Setup(format!(
+                "the link's frames ({} bytes at most) cannot hold an Ethernet header",
+                io.max_frame()
+            ))
+        })?;
+        let core_cfg = cfg.protocol.core_config(mtu);
         let epoch = cfg.epoch.unwrap_or_else(fresh_epoch);
         let max_requests = core_cfg.max_sends + core_cfg.max_recvs;
         let locals: Vec<Addr> = eps.iter().map(|&e| Addr::new(cfg.node, e)).collect();
+        // Frames to this node's own MAC do not come back from the link: a
+        // node's endpoints reach peers on other nodes only.
+        if let Some(p) = cfg.peers.iter().find(|p| p.node == cfg.node) {
+            return Err(Error::Setup(format!(
+                "peer {}:{} is on this node ({}): an engine reaches endpoints of other nodes \
+                 only (no loopback to its own address); leave it out of the peers",
+                p.node, p.endpoint, cfg.node
+            )));
+        }
         let mut cores = Vec::with_capacity(eps.len());
         for &local in &locals {
             let mut core = Core::new(
@@ -952,8 +970,14 @@ impl Engine {
     /// completes the rest (receives still waiting for a message among them)
     /// with [`Error::ShutDown`], and stops the polling thread, which owns
     /// the link: it closes then, whether endpoints are still held or not.
-    /// (Inline engines are drained by [`Endpoint::close`], and their link
-    /// closes when the engine and its endpoint are gone.)
+    ///
+    /// Inline, with its endpoint handed out, the endpoint drives the link,
+    /// and this returns at once: the endpoint refuses new work from now on,
+    /// and its own calls (`test`, `wait`, `progress`) do the rest, requests
+    /// under way finishing until the deadline and the others then completing
+    /// with [`Error::ShutDown`] (a receive still waiting for a message at
+    /// once, when nothing else is under way). Its link closes when the
+    /// engine and its endpoint are gone; [`Endpoint::close`] drains it too.
     pub fn shutdown(mut self, deadline: Duration) -> Result<(), Error> {
         self.stop(deadline)
     }
@@ -993,6 +1017,19 @@ impl Drop for Engine {
             return;
         }
         let _ = self.stop(Duration::ZERO);
+    }
+}
+
+/// [`Core::probe`], with a source that is not a peer refused.
+fn probe(
+    core: &super::RuntimeCore,
+    src: Option<Addr>,
+    bits: u64,
+    mask: u64,
+) -> Result<Option<ProbeInfo>, RecvError> {
+    match src {
+        Some(a) if core.peer_id(a).is_none() => Err(RecvError::UnknownPeer),
+        _ => Ok(core.probe(src, bits, mask)),
     }
 }
 
@@ -1225,7 +1262,7 @@ fn poll_thread(
                         }
                     }
                     Cmd::Probe { src, bits, mask } => {
-                        backlog[ep].push_back(Event::Probe(core.probe(src, bits, mask)))
+                        backlog[ep].push_back(Event::Probe(probe(core, src, bits, mask)))
                     }
                     Cmd::AddPeer { addr, mac } => {
                         let r = core
@@ -1497,7 +1534,8 @@ impl Drop for Endpoint {
     /// requests aborted: they would otherwise go on for nobody (sends sent
     /// again until their peer gave up, receives taking messages, a shutdown
     /// waiting for them). Its core then closes as with `close`: inline, the
-    /// drop drives it until it owes its peers nothing (a few milliseconds),
+    /// drop drives it until it owes its peers nothing (a few milliseconds;
+    /// up to a second while a peer that went away is still owed something),
     /// so that what it received counts as delivered at the senders. (Not
     /// while a panic unwinds: the endpoint's state may be what panicked.)
     fn drop(&mut self) {
@@ -1570,6 +1608,34 @@ impl Endpoint {
         }
     }
 
+    /// Inline, once [`Engine::shutdown`] stopped the engine: when the
+    /// shutdown's deadline has passed, or only receives waiting for a
+    /// message are left, the core stops taking messages and aborts what it
+    /// holds (completed with [`Error::ShutDown`]), as [`close`](Self::close)
+    /// would. Whether it did so now. Called on idle polls only.
+    fn stop_inline(&mut self) -> bool {
+        let Mode::Inline(d) = &mut self.mode else {
+            return false;
+        };
+        if self.closed || self.shared.state.load(Ordering::Acquire) == RUNNING {
+            return false;
+        }
+        let core = d.core(0);
+        if core.is_closing() {
+            return false;
+        }
+        let until = *self
+            .shared
+            .drain_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if core.in_progress() == 0 || until.is_none_or(|u| Instant::now() >= u) {
+            core.begin_close(self.clock.now());
+            return true;
+        }
+        false
+    }
+
     fn send_close(&mut self) {
         if !matches!(self.mode, Mode::Thread(_))
             || self.shared.state.load(Ordering::Acquire) == STOPPED
@@ -1608,7 +1674,10 @@ impl Endpoint {
     /// Inline, what the core refuses (an unknown peer, a message too long, a
     /// peer given up on) comes back here as [`Refused`]; with a polling thread
     /// only what this endpoint refuses does (a full submission ring, a closed
-    /// engine), and the core's refusals come in the completion
+    /// engine, and in both modes as many sends or receives pending as the
+    /// core takes, [`SendError::TooManySends`] and [`RecvError::TooManyRecvs`],
+    /// or a request table full of completions not yet taken,
+    /// [`Error::TooManyRequests`]), and the core's refusals come in the completion
     /// ([`Error::Send`]; [`Error::Recv`] for [`irecv`](Self::irecv), which is
     /// the same), as later failures do.
     ///
@@ -1906,7 +1975,9 @@ impl Endpoint {
             // Read before the rings are: the thread's last completions were
             // pushed before it was marked dead, so this drain takes them.
             let died = self.shared.died.load(Ordering::Acquire);
-            self.progress();
+            if !self.progress() && self.stop_inline() {
+                self.progress();
+            }
             if !self.requests.is_done(req)? {
                 if died {
                     // It will never finish: the thread that held it is gone.
@@ -1918,6 +1989,24 @@ impl Endpoint {
         Ok(Some(self.requests.take_done(req)))
     }
 
+    /// The first of `reqs` that finished, taken, with its index; `None` when
+    /// none has, after one progress call (MPI's `Testany`). Every handle must
+    /// be live, as for [`wait_any`](Self::wait_any); an empty list is `None`.
+    pub fn test_any(&mut self, reqs: &[Request]) -> Result<Option<(usize, Completed)>, Error> {
+        if let Some(done) = self.take_first_done(reqs)? {
+            return Ok(Some(done));
+        }
+        // Read before the rings are, as in `test`.
+        let died = self.shared.died.load(Ordering::Acquire);
+        if !self.progress() && self.stop_inline() {
+            self.progress();
+        }
+        match self.take_first_done(reqs)? {
+            None if died && !reqs.is_empty() => Err(self.shared.stopped_error()),
+            done => Ok(done),
+        }
+    }
+
     /// Waits for the request to finish (spinning on progress, then parking
     /// when a polling thread does the work).
     pub fn wait(&mut self, req: Request) -> Result<Completed, Error> {
@@ -1926,7 +2015,8 @@ impl Endpoint {
 
     /// Waits until one of `reqs` finishes; returns its index and completion.
     /// Every handle must be live: one already taken (or of another endpoint)
-    /// is [`Error::UnknownRequest`] wherever it stands among them.
+    /// is [`Error::UnknownRequest`] wherever it stands among them, and so is
+    /// an empty list, which would wait for ever.
     pub fn wait_any(&mut self, reqs: &[Request]) -> Result<(usize, Completed), Error> {
         self.wait_until(reqs, None)
             .map(|c| c.expect("a wait without a timeout ends with a completion"))
@@ -1987,6 +2077,10 @@ impl Endpoint {
             // Nothing to wait for would never end.
             return Err(Error::UnknownRequest);
         }
+        if timeout == Some(Duration::ZERO) {
+            // A look, not a wait (it used to poll some 500 times first).
+            return self.test_any(reqs);
+        }
         loop {
             if let Some(done) = self.take_first_done(reqs)? {
                 return Ok(Some(done));
@@ -2006,6 +2100,9 @@ impl Endpoint {
             }
             if self.progress() {
                 spins = 0;
+                continue;
+            }
+            if self.stop_inline() {
                 continue;
             }
             if matches!(self.mode, Mode::Thread(_))
@@ -2087,7 +2184,10 @@ impl Endpoint {
         }
     }
 
-    /// Sends and waits for completion; the buffer comes back.
+    /// Sends and waits for completion; the buffer comes back when the send
+    /// succeeds. On an error it is dropped (a registered one's handle with
+    /// it): to keep it, use [`isend`](Self::isend), whose [`Refused`] and
+    /// completion hand it back either way.
     pub fn send(
         &mut self,
         dst: Addr,
@@ -2098,7 +2198,10 @@ impl Endpoint {
         self.wait(req)?.into_send()
     }
 
-    /// Receives and waits for completion.
+    /// Receives and waits for completion; the buffer comes back when the
+    /// receive succeeds (a truncated message counts: see
+    /// [`RecvInfo::truncated`](crate::proto::RecvInfo)), and is dropped on an
+    /// error, as with [`send`](Self::send).
     pub fn recv(
         &mut self,
         src: Option<Addr>,
@@ -2114,12 +2217,15 @@ impl Endpoint {
 
     /// Cancels a posted receive that has not matched yet; it completes with
     /// `Cancelled`. Returns whether it could still be cancelled (inline) or
-    /// the request was handed on (polling thread): there `true` says only
-    /// that the cancel was queued (also for a send, which the core does not
-    /// cancel, or once the engine stopped); the completion says what came
-    /// of it.
+    /// the cancel was handed on (polling thread). `false` in both modes for
+    /// a send (sends are not cancelled) and for a request that finished
+    /// already. With a polling thread, `true` says only that the cancel was
+    /// queued (the receive may match before the thread sees it, or the
+    /// engine may stop); the completion says what came of it.
     pub fn cancel(&mut self, req: Request) -> Result<bool, Error> {
-        self.requests.is_done(req)?;
+        if self.requests.is_done(req)? || self.requests.is_send(req) == Some(true) {
+            return Ok(false);
+        }
         match &mut self.mode {
             Mode::Inline(d) => {
                 let Some(id) = self.requests.core_id(req) else {
@@ -2155,7 +2261,10 @@ impl Endpoint {
     }
 
     /// The envelope of the first unexpected message that a receive with these
-    /// arguments would match, without receiving it.
+    /// arguments would match, without receiving it. It does not wait: `None`
+    /// when no such message has arrived (MPI's `Iprobe`). A source that is not
+    /// a peer is refused as [`irecv`](Self::irecv) refuses it
+    /// ([`RecvError::UnknownPeer`]).
     pub fn probe(
         &mut self,
         src: Option<Addr>,
@@ -2169,21 +2278,26 @@ impl Endpoint {
                 let Mode::Inline(d) = &mut self.mode else {
                     unreachable!("matched above")
                 };
-                Ok(d.core(0).probe(src, match_bits, mask))
+                probe(d.core(0), src, match_bits, mask).map_err(Error::Recv)
             }
             Mode::Thread(_) => match self.control(Cmd::Probe {
                 src,
                 bits: match_bits,
                 mask,
             })? {
-                Event::Probe(p) => Ok(p),
+                Event::Probe(p) => p.map_err(Error::Recv),
                 _ => Err(Error::WrongKind),
             },
         }
     }
 
-    /// Adds a peer (its address and MAC).
+    /// Adds a peer (its address and MAC). An endpoint of this node is
+    /// refused ([`PeerError::SelfAddress`](crate::proto::PeerError)): the
+    /// link does not bring frames to the node's own address back.
     pub fn add_peer(&mut self, addr: Addr, mac: [u8; 6]) -> Result<(), Error> {
+        if addr.node == self.local.node {
+            return Err(Error::Peer(crate::proto::PeerError::SelfAddress));
+        }
         match &mut self.mode {
             Mode::Inline(d) => d
                 .core(0)

@@ -45,8 +45,9 @@ pub enum Error {
          Engine of a polling thread was dropped: keep it alive while its endpoints are in use)"
     )]
     ShutDown,
-    /// The handle names no outstanding request (never issued, or its
-    /// completion was already taken).
+    /// The handle names no outstanding request of this endpoint (never
+    /// issued, its completion already taken, or another endpoint's), or a
+    /// wait was given no handle at all.
     #[error("unknown request handle (never issued, or already completed and taken)")]
     UnknownRequest,
     /// As many requests are outstanding as the tables hold (max_sends +
@@ -145,6 +146,26 @@ impl From<dpdk_ffi::Error> for Error {
 /// its memory from the free hugepages as it goes (its `memory_mb` is only
 /// what `auto` and `require` look for at start), with `--no-huge` from the
 /// `memory_mb` it was given.
+impl Error {
+    /// Whether the peer was declared unreachable: the same failure arrives as
+    /// [`Error::Send`], [`Error::Recv`] or [`Error::Request`] depending on when
+    /// it was found (refused in the call, or failing a request under way).
+    pub fn is_peer_unreachable(&self) -> bool {
+        matches!(
+            self,
+            Error::Send(SendError::PeerUnreachable)
+                | Error::Recv(RecvError::PeerUnreachable)
+                | Error::Request(RequestError::PeerUnreachable)
+        )
+    }
+
+    /// Whether the request was cancelled ([`Endpoint::cancel`]): MPI's
+    /// `MPI_Test_cancelled`.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, Error::Request(RequestError::Cancelled))
+    }
+}
+
 fn pool_fix(hugepages: bool, mib: u64) -> String {
     if hugepages {
         format!(

@@ -8,7 +8,7 @@ use super::buffer::{RecvBuf, SendBuf};
 use super::Error;
 
 /// Handle of a send or receive: a plain id, valid until its completion is
-/// taken with `test`, `wait` or `wait_any`. A spent handle is refused as
+/// taken (by `test`, `test_any`, `take`, the waits, or `close`'s report). A spent handle is refused as
 /// unknown, unless it is kept while its slot is used 2^32 - 1 more times
 /// (about an hour of a ping-pong, which reuses one slot): its generation then
 /// comes round again and it names the slot's request of the day.
@@ -284,6 +284,14 @@ impl Requests {
             s.state = State::Finished(c);
             self.pending[k] -= 1;
         }
+    }
+
+    /// Whether the live request `r` is a send (`None` for a handle that is
+    /// not live).
+    pub(crate) fn is_send(&self, r: Request) -> Option<bool> {
+        self.slot(r)
+            .filter(|s| s.gen == r.gen() && !matches!(s.state, State::Free))
+            .map(|s| s.kind == Kind::Send)
     }
 
     pub(crate) fn is_done(&self, r: Request) -> Result<bool, Error> {
