@@ -17,7 +17,7 @@
 //! < {"ok":false,"error":"bad request: unknown variant `bogus`, expected one of ..."}
 //! ```
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -437,10 +437,7 @@ pub fn reply_err<T: Serialize>(error: &str, body: Option<&T>) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// Nothing listens at the path.
-    #[error(
-        "no emxd at {path}: {reason}; is emxd running? start it with \
-         emxd --config FILE --node NAME (or pass --control PATH)"
-    )]
+    #[error("no emxd at {path}: {reason}{}", start_hint(.reason))]
     NotRunning {
         /// The socket path.
         path: String,
@@ -495,16 +492,45 @@ pub enum ClientError {
     },
     /// The reply is not a JSON object with `ok`.
     #[error(
-        "{path}: the reply is not emxd's (a JSON object with `ok`): {reply:?}; is this emxd's \
+        "{path}: the reply is not emxd's (a JSON object with `ok`): {reply}; is this emxd's \
          control socket? (give --control the one it is)"
     )]
     BadReply {
         /// The socket path.
         path: String,
-        /// What came.
+        /// What came (its start, quoted).
         reply: String,
     },
 }
+
+impl ClientError {
+    /// Whether asking again later may work: nothing listens yet (emxd not
+    /// started, or restarting), or it did not answer in time. A socket
+    /// that is another user's, a file that is no socket, or a reply that is
+    /// not emxd's stays so.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::NotRunning { reason, .. } => reason != NOT_A_SOCKET,
+            ClientError::NoReply { .. } | ClientError::Io { .. } => true,
+            ClientError::NotYours { .. }
+            | ClientError::Foreign { .. }
+            | ClientError::BadReply { .. } => false,
+        }
+    }
+}
+
+/// What to do about [`ClientError::NotRunning`]: start emxd, unless the path
+/// is no socket (then the reason says what to give).
+fn start_hint(reason: &str) -> &'static str {
+    if reason == NOT_A_SOCKET {
+        ""
+    } else {
+        "; is emxd running? start it with emxd --config FILE --node NAME (or pass --control PATH)"
+    }
+}
+
+/// [`ClientError::NotRunning`]'s reason for a path that is no socket.
+const NOT_A_SOCKET: &str = "it is not a socket: give the socket emxd listens on";
 
 /// Sends one request to the emxd at `path` and returns its reply, or fails
 /// after `timeout` without one.
@@ -531,7 +557,7 @@ pub fn request(
         }
         // Connecting to a file that is no socket reads "connection refused".
         let reason = match meta {
-            Ok(m) if !m.file_type().is_socket() => "it is not a socket".to_owned(),
+            Ok(m) if !m.file_type().is_socket() => NOT_A_SOCKET.to_owned(),
             _ => e.to_string(),
         };
         ClientError::NotRunning {
@@ -550,7 +576,7 @@ pub fn request(
     if uid != me && uid != 0 && me != 0 {
         return Err(ClientError::Foreign { path: shown, uid });
     }
-    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    let until = std::time::Instant::now() + timeout;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
     let mut line = serde_json::to_string(req).expect("a request serializes");
     line.push('\n');
@@ -558,33 +584,92 @@ pub fn request(
     // a closed socket before it is all written: the reply that says why is
     // read all the same.
     let wrote = (&stream).write_all(line.as_bytes());
-    let mut reply = String::new();
-    let read = BufReader::new(&stream).read_line(&mut reply);
-    if let Err(e) = wrote {
-        if reply.is_empty() {
-            return Err(io(e));
+    let read = read_reply(&stream, until);
+    let reply = match (wrote, read) {
+        (Err(e), Ok(r)) if r.is_empty() => return Err(io(e)),
+        (_, Ok(r)) => r,
+        (_, Err(e)) => {
+            return Err(match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    ClientError::NoReply {
+                        path: shown.clone(),
+                        timeout,
+                    }
+                }
+                std::io::ErrorKind::InvalidData => ClientError::BadReply {
+                    path: shown.clone(),
+                    reply: e.to_string(),
+                },
+                _ => io(e),
+            })
         }
-    }
-    read.map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => ClientError::NoReply {
-            path: shown.clone(),
-            timeout,
-        },
-        _ => io(e),
-    })?;
+    };
     if reply.is_empty() {
         return Err(io(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
             "emxd closed the connection without a reply",
         )));
     }
-    match serde_json::from_str::<serde_json::Value>(&reply) {
+    match serde_json::from_slice::<serde_json::Value>(&reply) {
         Ok(v) if v.get("ok").is_some_and(serde_json::Value::is_boolean) => Ok(v),
         _ => Err(ClientError::BadReply {
             path: shown,
-            reply: reply.trim_end().to_owned(),
+            reply: quoted(&reply),
         }),
     }
+}
+
+/// The longest reply taken (a `stats` of tens of thousands of peers fits).
+pub const MAX_REPLY: usize = 64 << 20;
+
+/// Reads one reply line (newline included), or what came before the
+/// connection closed, by `until` at the latest: a reply that trickles in
+/// ends there, not at a silence (a read timeout alone restarts with each
+/// byte), and one past [`MAX_REPLY`] is refused (`InvalidData`), not
+/// gathered until memory runs out.
+fn read_reply(stream: &UnixStream, until: std::time::Instant) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 16 << 10];
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match (&*stream).read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Ok(reply);
+        }
+        if let Some(end) = chunk[..n].iter().position(|&b| b == b'\n') {
+            reply.extend_from_slice(&chunk[..=end]);
+            return Ok(reply);
+        }
+        reply.extend_from_slice(&chunk[..n]);
+        if reply.len() > MAX_REPLY {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "a reply of more than {} MiB without a line's end, starting {}",
+                    MAX_REPLY >> 20,
+                    quoted(&reply)
+                ),
+            ));
+        }
+    }
+}
+
+/// The start of a reply, for a message (a reply that is not emxd's may be
+/// anything, of any length).
+fn quoted(reply: &[u8]) -> String {
+    const SHOWN: usize = 200;
+    let text = String::from_utf8_lossy(&reply[..reply.len().min(SHOWN)]);
+    let more = if reply.len() > SHOWN { "..." } else { "" };
+    format!("{:?}{more}", text.trim_end())
 }
 
 #[cfg(test)]

@@ -89,8 +89,11 @@
 //! emxctl wait [--state up|down] [--peer NAME|ID] [--within SECONDS]
 //! ```
 //!
-//! Prints tables, or the raw reply with `--json`; exits 1 when emxd is not
-//! there or a check fails.
+//! Prints tables, or emxd's reply with `--json`. Exits 0 when done, 1 when
+//! emxd answered that it failed (a check with a failed message, a refusal,
+//! `wait`'s deadline), 2 for a mistake in the command line (or several
+//! emxds to choose from), 3 when no emxd answered (none running, the socket
+//! another user's, no reply in time, a reply that is not emxd's).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -368,7 +368,8 @@ fn emxctl_without_emxd_says_how_to_start_it() {
         .output()
         .unwrap();
     let err = stderr(&o);
-    assert!(!o.status.success());
+    // 3: no emxd answered (1 says emxd answered that something failed).
+    assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(err.contains("is emxd running?"), "{err}");
     assert!(err.contains("emxd --config"), "{err}");
     // Looking in a control folder where none answers: an emxd started
@@ -379,8 +380,31 @@ fn emxctl_without_emxd_says_how_to_start_it() {
         .output()
         .unwrap();
     let err = stderr(&o);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(err.contains("EMX_CONTROL_DIR"), "{err}");
+    // A node's name mistyped: the emxds that are there are named.
+    fake_emxd_up(&dir.path("emxd-server.sock"), peers_reply(1, PeerState::Up));
+    let o = Command::new(EMXCTL)
+        .env("EMX_CONTROL_DIR", &dir.0)
+        .args(["--node", "sever", "status"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("no emxd of node \"sever\"") && err.contains(": server"),
+        "{err}"
+    );
+    // A path that is no socket is not a reason to start emxd.
+    let o = Command::new(EMXCTL)
+        .args(["--control", dir.0.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(
+        err.contains("it is not a socket") && !err.contains("is emxd running"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -400,8 +424,59 @@ fn emxctl_says_when_no_reply_came() {
         .output()
         .unwrap();
     let err = stderr(&o);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(err.contains("no reply from emxd within 1 s"), "{err}");
+
+    // One that answers a byte at a time: --timeout bounds the whole reply
+    // (each byte used to start the timeout again, for ever).
+    let slow = dir.path("slow.sock");
+    let l = std::os::unix::net::UnixListener::bind(&slow).unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            std::thread::spawn(move || {
+                while (&c).write_all(b" ").is_ok() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+    });
+    let t = Instant::now();
+    let o = Command::new(EMXCTL)
+        .args([
+            "--control",
+            slow.to_str().unwrap(),
+            "--timeout",
+            "1",
+            "status",
+        ])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("no reply from emxd within 1 s"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+
+    // One that answers without end: refused past 64 MiB, and quoted short
+    // (emxctl gathered it all, and printed it all).
+    let huge = dir.path("huge.sock");
+    let l = std::os::unix::net::UnixListener::bind(&huge).unwrap();
+    std::thread::spawn(move || {
+        let chunk = vec![b'x'; 1 << 20];
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            let chunk = chunk.clone();
+            std::thread::spawn(move || while (&c).write_all(&chunk).is_ok() {});
+        }
+    });
+    let o = Command::new(EMXCTL)
+        .args(["--control", huge.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("more than 64 MiB"), "{err}");
+    assert!(err.len() < 2000, "{} bytes of error", err.len());
 }
 
 /// The example memif pair made private to this test: its own socket (a
@@ -877,6 +952,19 @@ fn emxctl_wait_asks_again_and_says_why_not() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["peers"][0]["state"], "up", "{v}");
+    assert!(v["elapsed_s"].as_f64().is_some(), "{v}");
+    // A peer named as check --peer names it (02 is node 2); one that is
+    // no peer is refused at once, with the peers there are (exit 1: emxd
+    // answered).
+    let o = ctl(&late, &["wait", "--peer", "02", "--within", "5"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&late, &["wait", "--peer", "bogus", "--within", "5"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("bogus is not a peer of this node (peers: 2:0)"),
+        "{err}"
+    );
     // One that says no.
     let no = dir.path("no.sock");
     fake_emxd_up(
@@ -884,7 +972,7 @@ fn emxctl_wait_asks_again_and_says_why_not() {
         "{\"ok\":false,\"error\":\"emxd is shutting down\"}\n".into(),
     );
     let o = ctl(&no, &["wait", "--within", "0.3"]);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("emxd is shutting down"),
         "{}",
@@ -938,12 +1026,38 @@ fn emxctl_on_another_users_socket_says_whose() {
         .gid(65534)
         .output()
         .unwrap();
-    assert!(!o.status.success());
     let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(
         err.contains("belongs to uid 0") && err.contains("run emxctl as that user"),
         "{err}"
     );
+    // Found in the control folder, not named: the same answer (such a
+    // socket used to be passed over, and emxd reported not running), and
+    // `wait` gives it at once rather than at its deadline.
+    let folder = dir.path("run");
+    std::fs::create_dir_all(&folder).unwrap();
+    let theirs = folder.join("emxd-root.sock");
+    fake_emxd_up(&theirs, peers_reply(1, PeerState::Up));
+    std::fs::set_permissions(&theirs, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    for args in [&["peers"][..], &["wait", "--within", "20"]] {
+        let t = Instant::now();
+        let o = Command::new(EMXCTL)
+            .env("EMX_CONTROL_DIR", &folder)
+            .args(args)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {err}");
+        assert!(err.contains("belongs to uid 0"), "{args:?}: {err}");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{args:?}: {:?}",
+            t.elapsed()
+        );
+    }
 }
 
 /// emxctl whose reader went away (`emxctl peers | head -1`) ends quietly,

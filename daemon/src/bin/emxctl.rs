@@ -48,7 +48,14 @@ fn out(line: std::fmt::Arguments) {
 
 /// Talks to a running emxd through its control socket.
 #[derive(Parser, Debug)]
-#[command(name = "emxctl", version)]
+#[command(
+    name = "emxctl",
+    version,
+    after_help = "Exit status: 0 done; 1 emxd answered that it failed (a check with a failed \
+                  message, a refusal, wait's deadline); 2 a mistake in the command line, or \
+                  several emxds to choose from; 3 no answer from emxd (none running, the socket \
+                  another user's, no reply in time, a reply that is not emxd's)."
+)]
 struct Args {
     /// The control socket of the emxd to ask.
     #[arg(long, value_name = "PATH", conflicts_with = "node", global = true)]
@@ -64,7 +71,8 @@ struct Args {
     #[arg(long, global = true)]
     json: bool,
     /// Give up on a reply after this many seconds (default 10, and 600 for
-    /// check).
+    /// check). shutdown then waits up to as long again for emxd to exit;
+    /// for wait, this bounds each request, and --within the whole wait.
     #[arg(long, value_name = "SECONDS", global = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     timeout: Option<u64>,
@@ -88,7 +96,9 @@ enum Cmd {
         #[arg(long, value_name = "NAME|ID")]
         peer: Option<String>,
         /// Message sizes, comma-separated, with K, M or G (binary) allowed.
-        /// Default: 1000,1M (one eager, one rendezvous).
+        /// Default: 1000,1M (one eager, one rendezvous with the default
+        /// eager threshold), the larger cut to the smallest responder limit
+        /// in the cluster (`status` shows this node's).
         #[arg(long, value_delimiter = ',', value_parser = parse_size)]
         sizes: Vec<u64>,
     },
@@ -106,7 +116,7 @@ enum Cmd {
         peer: Option<String>,
         /// Give up after this many seconds. Until then an emxd that does not
         /// answer yet (not started, starting, restarting) is asked again.
-        #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
+        #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_seconds)]
         within: f64,
     },
 }
@@ -145,13 +155,50 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 /// The longest `wait --within`: a year.
 const MAX_WITHIN: f64 = 365.0 * 86_400.0;
 
+/// Why emxctl did not do what it was asked, and so its exit status (see
+/// the help's "Exit status").
+#[derive(Debug)]
+enum Fail {
+    /// emxd answered: it failed, or said no (1).
+    Failed(String),
+    /// The command line, or the socket to use, is for the user to fix (2).
+    Usage(String),
+    /// No answer from emxd (3); whether asking again later may get one
+    /// (nothing listens yet, no reply in time) or cannot (the socket is
+    /// another user's, what answers is not emxd).
+    NoAnswer(String, bool),
+}
+
+impl Fail {
+    fn code(&self) -> u8 {
+        match self {
+            Fail::Failed(_) => 1,
+            Fail::Usage(_) => 2,
+            Fail::NoAnswer(..) => 3,
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Fail::Failed(m) | Fail::Usage(m) | Fail::NoAnswer(m, _) => m,
+        }
+    }
+}
+
+impl From<control::ClientError> for Fail {
+    fn from(e: control::ClientError) -> Fail {
+        let transient = e.is_transient();
+        Fail::NoAnswer(e.to_string(), transient)
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(code) => code,
-        Err(msg) => {
-            eprintln!("emxctl: {msg}");
-            ExitCode::FAILURE
+        Err(f) => {
+            eprintln!("emxctl: {}", f.message());
+            ExitCode::from(f.code())
         }
     }
 }
@@ -159,7 +206,7 @@ fn main() -> ExitCode {
 /// The socket to talk to: --control, --node (a name, or an id asked of
 /// every emxd there), or the only one that answers in the control folder
 /// (`/run/emx`).
-fn socket(args: &Args) -> Result<PathBuf, String> {
+fn socket(args: &Args) -> Result<PathBuf, Fail> {
     if let Some(p) = &args.control {
         return Ok(p.clone());
     }
@@ -169,62 +216,162 @@ fn socket(args: &Args) -> Result<PathBuf, String> {
         // Names are never numbers (the cluster file's rule): a number is an id.
         return match n.parse::<u16>() {
             Ok(id) if !path.exists() => by_id(id, &dir),
+            _ if !path.exists() => {
+                // A mistyped name: say which emxds there are.
+                let here = sockets(&dir)?;
+                Err(Fail::NoAnswer(
+                    format!(
+                        "no emxd of node {n:?}: {} does not exist; {}",
+                        path.display(),
+                        here.listing(&dir)
+                    ),
+                    true,
+                ))
+            }
             _ => Ok(path),
         };
     }
-    let found = live_sockets(&dir);
-    match found.len() {
-        1 => Ok(found[0].clone()),
-        0 => Err(format!(
-            "no emxd control socket answers in {}: is emxd running? start it with \
-             emxd --config FILE --node NAME, or pass --control PATH (an emxd started \
-             with another EMX_CONTROL_DIR listens there: set the same here)",
-            dir.display()
+    let here = sockets(&dir)?;
+    match (here.live.as_slice(), here.denied.first()) {
+        ([one], _) => Ok(one.clone()),
+        ([], Some(theirs)) => {
+            // Served, but not to this user: asking says whose it is.
+            Err(
+                control::request(theirs, &Request::Status, Duration::from_secs(2))
+                    .err()
+                    .map_or_else(
+                        || {
+                            Fail::NoAnswer(
+                                format!("{}: permission denied", theirs.display()),
+                                false,
+                            )
+                        },
+                        Fail::from,
+                    ),
+            )
+        }
+        ([], None) => Err(Fail::NoAnswer(
+            format!(
+                "no emxd control socket answers in {}: is emxd running? start it with \
+                 emxd --config FILE --node NAME, or pass --control PATH (an emxd started \
+                 with another EMX_CONTROL_DIR listens there: set the same here)",
+                dir.display()
+            ),
+            true,
         )),
-        _ => {
-            let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
-            Err(format!(
+        (many, _) => {
+            let names: Vec<String> = many.iter().map(|p| p.display().to_string()).collect();
+            Err(Fail::Usage(format!(
                 "several emxd control sockets: {}; pick one with --node NAME or --control PATH",
                 names.join(", ")
-            ))
+            )))
         }
     }
 }
 
-/// The `emxd-*.sock` sockets in `dir` that something listens on: one left by
-/// an emxd that was killed refuses connections, and is no emxd to choose.
-fn live_sockets(dir: &std::path::Path) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("emxd-") && n.ends_with(".sock"))
-                })
-                .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    found.sort();
-    found
+/// The control sockets of a folder, by whether this user may use them.
+struct Sockets {
+    /// Something listens there and lets this user in.
+    live: Vec<PathBuf>,
+    /// Something listens there, but the socket is another user's.
+    denied: Vec<PathBuf>,
+}
+
+impl Sockets {
+    /// `emxds here: a, b` (or that there are none), for a message.
+    fn listing(&self, dir: &std::path::Path) -> String {
+        let names: Vec<String> = self
+            .live
+            .iter()
+            .chain(&self.denied)
+            .filter_map(|p| p.file_name()?.to_str().map(node_of))
+            .collect();
+        if names.is_empty() {
+            format!("no emxd answers in {}", dir.display())
+        } else {
+            format!("emxds in {}: {}", dir.display(), names.join(", "))
+        }
+    }
+}
+
+/// The node a socket's file name names (`emxd-NAME.sock`), or the name.
+fn node_of(file: &str) -> String {
+    file.strip_prefix("emxd-")
+        .and_then(|n| n.strip_suffix(".sock"))
+        .unwrap_or(file)
+        .to_owned()
+}
+
+/// The emxd sockets in `dir` (`emxd-NAME.sock`, and `emxd.sock` as the
+/// Docker testbed names its one) that something listens on: one left by an
+/// emxd that was killed refuses connections, and is no emxd to choose. A
+/// socket another user's emxd serves is kept apart (it used to be passed
+/// over, and that emxd reported as not running). A folder that cannot be
+/// read is an error, not an empty one.
+fn sockets(dir: &std::path::Path) -> Result<Sockets, Fail> {
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        // (A folder not made yet may be by an emxd starting.)
+        let missing = e.kind() == std::io::ErrorKind::NotFound;
+        let why = if missing {
+            format!(
+                "{} does not exist: no emxd started here (an emxd started with another \
+                 EMX_CONTROL_DIR listens there: set the same here, or pass --control PATH)",
+                dir.display()
+            )
+        } else {
+            format!("cannot read the control folder {}: {e}", dir.display())
+        };
+        Fail::NoAnswer(why, missing)
+    })?;
+    let mut found = Sockets {
+        live: Vec::new(),
+        denied: Vec::new(),
+    };
+    for p in entries.filter_map(Result::ok).map(|e| e.path()) {
+        let ours = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n == "emxd.sock" || (n.starts_with("emxd-") && n.ends_with(".sock")));
+        if !ours {
+            continue;
+        }
+        match std::os::unix::net::UnixStream::connect(&p) {
+            Ok(_) => found.live.push(p),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => found.denied.push(p),
+            Err(_) => {}
+        }
+    }
+    found.live.sort();
+    found.denied.sort();
+    Ok(found)
 }
 
 /// The socket of the emxd in `dir` that runs node `id`: each that answers
 /// is asked its status.
-fn by_id(id: u16, dir: &std::path::Path) -> Result<PathBuf, String> {
-    let live = live_sockets(dir);
-    for p in &live {
+fn by_id(id: u16, dir: &std::path::Path) -> Result<PathBuf, Fail> {
+    let here = sockets(dir)?;
+    for p in &here.live {
         let status = control::request(p, &Request::Status, Duration::from_secs(2));
         if status.is_ok_and(|v| v["node"].as_u64() == Some(u64::from(id))) {
             return Ok(p.clone());
         }
     }
-    Err(format!(
-        "no emxd of node id {id} answers in {} ({} asked); give --node NAME or --control PATH",
-        dir.display(),
-        live.len()
+    let denied = if here.denied.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", and {} another user's (run emxctl as that user)",
+            here.denied.len()
+        )
+    };
+    Err(Fail::NoAnswer(
+        format!(
+            "no emxd of node id {id} answers in {} ({} asked{denied}); give --node NAME or \
+             --control PATH",
+            dir.display(),
+            here.live.len()
+        ),
+        true,
     ))
 }
 
@@ -238,12 +385,23 @@ fn wait(
     args: &Args,
     (want, peer, within): (Want, Option<&str>, f64),
     timeout: Duration,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, Fail> {
     let json = args.json;
     let t = std::time::Instant::now();
     let deadline = Duration::from_secs_f64(within);
+    // As `check --peer` reads a peer: by id, or by name.
+    let wanted = peer.map(PeerRef::parse);
     let chosen = |e: &control::PeerEntry| {
-        peer.is_none_or(|p| e.node.to_string() == p || e.name.as_deref() == Some(p))
+        wanted
+            .as_ref()
+            .is_none_or(|p| p.names(e.node, e.name.as_deref()))
+    };
+    let label = |e: &control::PeerEntry| {
+        format!(
+            "{}:{}",
+            e.name.clone().unwrap_or(e.node.to_string()),
+            e.endpoint
+        )
     };
     let target = match want {
         Want::Up => control::PeerState::Up,
@@ -253,24 +411,39 @@ fn wait(
         let left = deadline.saturating_sub(t.elapsed());
         let asked = socket(args).and_then(|path| {
             control::request(&path, &Request::Peers, timeout.min(left).max(MIN_ASK))
-                .map_err(|e| e.to_string())
+                .map_err(Fail::from)
         });
         // Why not yet, for the message at the deadline.
         let why = match asked {
-            Err(e) => e,
+            // Asking again cannot help: say so now, not at the deadline.
+            Err(f @ (Fail::NoAnswer(_, false) | Fail::Usage(_))) => return Err(f),
+            Err(f) => f.message().to_owned(),
             Ok(reply) if reply["ok"].as_bool() != Some(true) => {
                 format!("emxd said: {}", reply["error"].as_str().unwrap_or("no"))
             }
             Ok(reply) => {
-                let peers: Peers = serde_json::from_value(reply.clone())
-                    .map_err(|_| "emxd's reply to peers is not what emxctl expects".to_owned())?;
+                let peers: Peers =
+                    serde_json::from_value(reply.clone()).map_err(|e| unexpected("peers", &e))?;
                 let mine: Vec<&control::PeerEntry> =
                     peers.peers.iter().filter(|e| chosen(e)).collect();
                 if mine.is_empty() {
-                    return Err(format!("no peer {}", peer.unwrap_or("at all")));
+                    let known: Vec<String> = peers.peers.iter().map(label).collect();
+                    return Err(Fail::Failed(format!(
+                        "{} (peers: {})",
+                        peer.map_or("this node has no peers".to_owned(), |p| format!(
+                            "{p} is not a peer of this node"
+                        )),
+                        if known.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    )));
                 }
                 if mine.iter().all(|e| e.state == target) {
                     if json {
+                        let mut reply = reply;
+                        reply["elapsed_s"] = t.elapsed().as_secs_f64().into();
                         outln!("{reply}");
                     } else {
                         outln!(
@@ -284,31 +457,37 @@ fn wait(
                 }
                 let states: Vec<String> = mine
                     .iter()
-                    .map(|e| {
-                        format!(
-                            "{}: {}",
-                            e.name.clone().unwrap_or(e.node.to_string()),
-                            e.state.as_str()
-                        )
-                    })
+                    .map(|e| format!("{}: {}", label(e), e.state.as_str()))
                     .collect();
                 states.join(", ")
             }
         };
         if t.elapsed() >= deadline {
-            return Err(format!(
+            return Err(Fail::Failed(format!(
                 "not all {} within {within} s: {why}",
                 target.as_str()
-            ));
+            )));
         }
         std::thread::sleep(Duration::from_millis(20).min(deadline.saturating_sub(t.elapsed())));
     }
 }
 
+/// A reply that does not read as emxctl expects: emxd's own JSON (a wrong
+/// version of one of them, most likely), with serde's words for where.
+fn unexpected(what: &str, e: &serde_json::Error) -> Fail {
+    Fail::NoAnswer(
+        format!(
+            "emxd's reply to {what} is not what emxctl expects ({e}); do emxctl and emxd \
+             come from one build? (--version; --json prints the reply as it came)"
+        ),
+        false,
+    )
+}
+
 /// The least time `wait` gives a request near its deadline.
 const MIN_ASK: Duration = Duration::from_millis(100);
 
-fn run(args: &Args) -> Result<ExitCode, String> {
+fn run(args: &Args) -> Result<ExitCode, Fail> {
     if let Cmd::Wait {
         state,
         peer,
@@ -336,36 +515,38 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         10
     };
     let timeout = Duration::from_secs(args.timeout.unwrap_or(default_timeout));
-    let reply = control::request(&path, &req, timeout).map_err(|e| e.to_string())?;
+    let reply = control::request(&path, &req, timeout)?;
     let ok = reply["ok"].as_bool() == Some(true);
+    if args.json {
+        // The reply first: a shutdown's stands whether emxd then exits in
+        // time or not.
+        outln!("{reply}");
+    }
     if ok && matches!(args.cmd, Cmd::Shutdown) {
-        gone(&path, timeout)?;
+        gone(&path, timeout).map_err(Fail::Failed)?;
     }
     if args.json {
-        outln!("{reply}");
         return Ok(if ok {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
         });
     }
-    let error = reply["error"].as_str().unwrap_or("emxd said no").to_owned();
-    let parse = |what: &str| format!("emxd's reply to {what} is not what emxctl expects");
+    let error = match &reply["error"] {
+        serde_json::Value::String(e) => e.clone(),
+        serde_json::Value::Null => "emxd said no".to_owned(),
+        other => format!("emxd said no: {other}"),
+    };
+    let parse = |what: &'static str| move |e: serde_json::Error| unexpected(what, &e);
     match &args.cmd {
-        Cmd::Status if ok => {
-            print_status(&serde_json::from_value(reply).map_err(|_| parse("status"))?)
-        }
-        Cmd::Peers if ok => {
-            print_peers(&serde_json::from_value(reply).map_err(|_| parse("peers"))?)
-        }
-        Cmd::Stats if ok => {
-            print_stats(&serde_json::from_value(reply).map_err(|_| parse("stats"))?)
-        }
+        Cmd::Status if ok => print_status(&serde_json::from_value(reply).map_err(parse("status"))?),
+        Cmd::Peers if ok => print_peers(&serde_json::from_value(reply).map_err(parse("peers"))?),
+        Cmd::Stats if ok => print_stats(&serde_json::from_value(reply).map_err(parse("stats"))?),
         Cmd::Check { .. } => {
             // A check that ran has results even when it failed.
             match serde_json::from_value::<CheckReport>(reply) {
                 Ok(report) => print_check(&report),
-                Err(_) if ok => return Err(parse("check")),
+                Err(e) if ok => return Err(parse("check")(e)),
                 Err(_) => {}
             }
         }
@@ -375,7 +556,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     if ok {
         Ok(ExitCode::SUCCESS)
     } else {
-        Err(error)
+        Err(Fail::Failed(error))
     }
 }
 
@@ -668,6 +849,6 @@ fn print_check(r: &CheckReport) {
     outln!(
         "{} of {} messages came back byte-exact",
         r.passed,
-        r.passed + r.failed
+        r.passed.saturating_add(r.failed)
     );
 }

@@ -59,7 +59,9 @@ impl Completed {
     /// A finished receive: the buffer and what arrived, or the error. With
     /// the error the buffer is dropped; to keep it (a registered buffer, say),
     /// take [`buf`](Completed::buf) and [`result`](Completed::result) apart
-    /// instead.
+    /// instead. A message longer than the buffer is not an error here (MPI
+    /// would say `MPI_ERR_TRUNCATE`): it filled the buffer, and
+    /// [`RecvInfo::truncated`] says so, with its whole length in `msg_len`.
     pub fn into_recv(self) -> Result<(RecvBuf, RecvInfo), Error> {
         match (self.buf, self.result) {
             (Buf::Recv(b), Ok(Some(info))) => Ok((b, info)),
