@@ -341,6 +341,9 @@ pub struct LinkStats {
 pub struct PeerStatsEntry {
     /// The peer's node id.
     pub node: u16,
+    /// Its name in the cluster file (absent from an older emxd's reply).
+    #[serde(default)]
+    pub name: Option<String>,
     /// The peer's endpoint.
     pub endpoint: u8,
     /// Frames sent (retransmissions and pure acks included).

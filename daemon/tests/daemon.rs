@@ -1227,12 +1227,18 @@ fn two_daemons_over_memif() {
         "{stats}"
     );
     assert_eq!(messages["internal_errors"].as_u64(), Some(0), "{stats}");
-    let o = b.ctl(&["stats"]);
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("  messages: sent "),
-        "{}",
-        String::from_utf8_lossy(&o.stdout)
+    // Peers named as `peers` names them.
+    assert_eq!(
+        stats["endpoints"][0]["peers"][0]["name"], "server",
+        "{stats}"
     );
+    let o = b.ctl(&["stats"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("  messages: sent "), "{out}");
+    assert!(out.contains("\n  server (1):0 "), "{out}");
+    let o = b.ctl(&["status"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(", stray 0, "), "{out}");
     // A request that is not one.
     let mut s = UnixStream::connect(&a.control).unwrap();
     s.write_all(b"{\"cmd\":\"bogus\"}\n").unwrap();

@@ -82,12 +82,17 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// The node: id, name, epoch, endpoints, uptime, port, progress mode.
+    /// The node: id, name, cluster, epoch, endpoints, uptime, link (up or
+    /// down, MAC, MTU, speed), port, progress mode, the responder's message
+    /// limit and counters, cluster file, pid.
     Status,
-    /// Every peer: state (up, down, unresolved, unknown), epoch, silence,
-    /// frames and bytes each way, retransmissions.
+    /// Every peer of every local endpoint: state (up, down, unresolved,
+    /// unknown), MAC, epoch, silence, smoothed round trip (SRTT_US) and
+    /// retransmission timeout (RTO_MS), frames and bytes each way,
+    /// retransmissions.
     Peers,
-    /// Every peer's protocol counters and the link's counters.
+    /// Per endpoint: the link's counters, the responder's, the messages',
+    /// and every peer's protocol counters (drops by reason among them).
     Stats,
     /// Echo messages of each size off every peer that is up (or --peer) and
     /// compare every byte; exits 1 when any fails.
@@ -658,7 +663,8 @@ fn print_status(s: &Status) {
         vec![
             "responder".into(),
             format!(
-                "echoed {} ({}), sunk {} ({}), pongs {}, truncated {}, discarded {}, failed {}",
+                "echoed {} ({}), sunk {} ({}), pongs {}, truncated {}, discarded {}, stray {}, \
+                 failed {}",
                 r.echoed,
                 bytes(r.echoed_bytes),
                 r.sunk,
@@ -666,6 +672,7 @@ fn print_status(s: &Status) {
                 r.pongs,
                 r.truncated,
                 r.discarded,
+                r.stray,
                 r.failed
             ),
         ],
@@ -800,7 +807,13 @@ fn print_stats(s: &Stats) {
                 format!("{} ({})", p.dropped, why.join(", "))
             };
             rows.push(vec![
-                format!("  {}:{}", p.node, p.endpoint),
+                format!(
+                    "  {}:{}",
+                    p.name
+                        .as_ref()
+                        .map_or(p.node.to_string(), |n| format!("{n} ({})", p.node)),
+                    p.endpoint
+                ),
                 p.frames_sent.to_string(),
                 p.frames_received.to_string(),
                 bytes(p.bytes_sent),

@@ -290,7 +290,7 @@ impl Daemon {
                 Ok((_, io)) => io,
                 Err(e) => return reply_err::<()>(&format!("cannot read the counters: {e}"), None),
             };
-            let peers = match st.peer_stats() {
+            let peers = match st.peer_stats(&self.cluster) {
                 Ok(p) => p,
                 Err(e) => return reply_err::<()>(&format!("cannot read the counters: {e}"), None),
             };

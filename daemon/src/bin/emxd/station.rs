@@ -868,8 +868,9 @@ impl Station {
         Ok(out)
     }
 
-    /// Every peer's full protocol counters.
-    pub fn peer_stats(&mut self) -> Result<Vec<PeerStatsEntry>, Error> {
+    /// Every peer's full protocol counters, named as the cluster file names
+    /// its node.
+    pub fn peer_stats(&mut self, cluster: &ClusterConfig) -> Result<Vec<PeerStatsEntry>, Error> {
         Ok(self
             .ep
             .peers()?
@@ -878,6 +879,7 @@ impl Station {
                 let s = &p.stats;
                 PeerStatsEntry {
                     node: p.addr.node,
+                    name: cluster.node_by_id(p.addr.node).map(|n| n.name.clone()),
                     endpoint: p.addr.endpoint,
                     frames_sent: s.frames_sent,
                     bytes_sent: s.bytes_sent,
