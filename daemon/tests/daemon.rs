@@ -395,6 +395,19 @@ fn emxctl_without_emxd_says_how_to_start_it() {
         err.contains("no emxd of node \"sever\"") && err.contains(": server"),
         "{err}"
     );
+    // With --json, an object on stdout all the same.
+    let o = Command::new(EMXCTL)
+        .args(["--control", sock.to_str().unwrap(), "status", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (&v["ok"], &v["answered"]),
+        (&false.into(), &false.into()),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap().contains("no emxd at"), "{v}");
     // A path that is no socket is not a reason to start emxd.
     let o = Command::new(EMXCTL)
         .args(["--control", dir.0.to_str().unwrap(), "status"])

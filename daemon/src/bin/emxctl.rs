@@ -21,6 +21,9 @@ macro_rules! outln {
     };
 }
 
+/// Something was printed on stdout.
+static PRINTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// A reader of stdout went away: print nothing more.
 static READER_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -32,6 +35,7 @@ static READER_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 fn out(line: std::fmt::Arguments) {
     use std::io::Write;
     use std::sync::atomic::Ordering;
+    PRINTED.store(true, Ordering::Relaxed);
     if READER_GONE.load(Ordering::Relaxed) {
         return;
     }
@@ -67,7 +71,9 @@ struct Args {
     /// /run/emx, as for emxd.)
     #[arg(long, value_name = "NAME|ID", global = true)]
     node: Option<String>,
-    /// Print emxd's reply as it is (JSON) instead of tables.
+    /// Print emxd's reply (JSON) instead of tables; when there is none to
+    /// print, an object `{"ok": false, "error": ..., "answered": ...}`
+    /// (`answered`: whether emxd answered at all).
     #[arg(long, global = true)]
     json: bool,
     /// Give up on a reply after this many seconds (default 10, and 600 for
@@ -203,6 +209,15 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(f) => {
             eprintln!("emxctl: {}", f.message());
+            // With --json, stdout holds an object whatever happened: a
+            // script piping it to jq gets one, with the reason, unless an
+            // answer was printed already, which stands (a shutdown's, say).
+            if args.json && !PRINTED.load(std::sync::atomic::Ordering::Relaxed) {
+                let answered = matches!(f, Fail::Failed(_));
+                let v =
+                    serde_json::json!({ "ok": false, "error": f.message(), "answered": answered });
+                outln!("{v}");
+            }
             ExitCode::from(f.code())
         }
     }
