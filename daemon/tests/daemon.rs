@@ -420,74 +420,62 @@ fn emxctl_without_emxd_says_how_to_start_it() {
     );
 }
 
+/// A fake emxd at `sock` that serves each connection with `answer` (on a
+/// thread of its own), without reading what was asked.
+fn fake_answering(sock: &Path, answer: fn(&UnixStream)) {
+    let l = std::os::unix::net::UnixListener::bind(sock).unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            std::thread::spawn(move || answer(&c));
+        }
+    });
+}
+
 #[test]
 fn emxctl_says_when_no_reply_came() {
     let dir = TempDir::new("noreply");
+    // `emxctl --timeout 1 status` at `sock`: its exit code, what it said,
+    // and how long it took.
+    let status = |sock: &Path| {
+        let t = Instant::now();
+        let o = Command::new(EMXCTL)
+            .arg("--control")
+            .arg(sock)
+            .args(["--timeout", "1", "status"])
+            .output()
+            .unwrap();
+        (o.status.code(), stderr(&o), t.elapsed())
+    };
     let sock = dir.path("mute.sock");
     // Takes the connection and never answers.
     let _mute = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-    let o = Command::new(EMXCTL)
-        .args([
-            "--control",
-            sock.to_str().unwrap(),
-            "--timeout",
-            "1",
-            "status",
-        ])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let (code, err, _) = status(&sock);
+    assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("no reply from emxd within 1 s"), "{err}");
 
     // One that answers a byte at a time: --timeout bounds the whole reply
     // (each byte used to start the timeout again, for ever).
     let slow = dir.path("slow.sock");
-    let l = std::os::unix::net::UnixListener::bind(&slow).unwrap();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { return };
-            std::thread::spawn(move || {
-                while (&c).write_all(b" ").is_ok() {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            });
+    fake_answering(&slow, |mut c| {
+        while c.write_all(b" ").is_ok() {
+            std::thread::sleep(Duration::from_millis(100));
         }
     });
-    let t = Instant::now();
-    let o = Command::new(EMXCTL)
-        .args([
-            "--control",
-            slow.to_str().unwrap(),
-            "--timeout",
-            "1",
-            "status",
-        ])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let (code, err, took) = status(&slow);
+    assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("no reply from emxd within 1 s"), "{err}");
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(took < Duration::from_secs(3), "{took:?}");
 
     // One that answers without end: refused past 64 MiB, and quoted short
     // (emxctl gathered it all, and printed it all).
     let huge = dir.path("huge.sock");
-    let l = std::os::unix::net::UnixListener::bind(&huge).unwrap();
-    std::thread::spawn(move || {
+    fake_answering(&huge, |mut c| {
         let chunk = vec![b'x'; 1 << 20];
-        for c in l.incoming() {
-            let Ok(c) = c else { return };
-            let chunk = chunk.clone();
-            std::thread::spawn(move || while (&c).write_all(&chunk).is_ok() {});
-        }
+        while c.write_all(&chunk).is_ok() {}
     });
-    let o = Command::new(EMXCTL)
-        .args(["--control", huge.to_str().unwrap(), "status"])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let (code, err, _) = status(&huge);
+    assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("more than 64 MiB"), "{err}");
     assert!(err.len() < 2000, "{} bytes of error", err.len());
 }
