@@ -232,14 +232,18 @@ fn a_port_that_cannot_be_opened_exits_1() {
     let dir = TempDir::new("noport");
     let file = noport_config(&dir);
     let control = dir.path("s.sock");
-    let o = emxd(&[
-        "--config",
-        file.to_str().unwrap(),
-        "--node",
-        "server",
-        "--control",
-        control.to_str().unwrap(),
-    ]);
+    let run = |more: &[&str]| {
+        let base = [
+            "--config",
+            file.to_str().unwrap(),
+            "--node",
+            "server",
+            "--control",
+            control.to_str().unwrap(),
+        ];
+        emxd(&[&base[..], more].concat())
+    };
+    let o = run(&[]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
@@ -254,22 +258,7 @@ fn a_port_that_cannot_be_opened_exits_1() {
             .any(|l| l.contains("ERROR emxd{node=server") && l.contains("EAL: ")),
         "{err}"
     );
-    let o = emxd(&[
-        "--config",
-        file.to_str().unwrap(),
-        "--node",
-        "server",
-        "--control",
-        control.to_str().unwrap(),
-        "--log-format",
-        "json",
-    ]);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    let lines: Vec<Value> = err
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l}")))
-        .collect();
+    let (err, lines) = json_lines(&run(&["--log-format", "json"]));
     assert!(
         lines.iter().any(|l| l["level"] == "ERROR"
             && l["span"]["node"] == "server"
@@ -301,6 +290,18 @@ fn a_control_path_that_is_not_a_socket_is_left_alone() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
 }
 
+/// The stderr of an emxd that exited 1 with JSON logs, and its lines, each
+/// of which must be a JSON object.
+fn json_lines(o: &std::process::Output) -> (String, Vec<Value>) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let lines = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l}")))
+        .collect();
+    (err, lines)
+}
+
 /// With JSON logs, the reason emxd stops is a JSON line too: every line of
 /// its stderr is one object (a plain `emxd: ...` line among them was
 /// dropped, or choked on, by collectors of JSON lines).
@@ -316,12 +317,7 @@ fn json_logs_carry_the_reason_emxd_stops() {
         "--control",
         "/proc/no-such-dir/emxd.sock",
     ]);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    let lines: Vec<Value> = err
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l}")))
-        .collect();
+    let (err, lines) = json_lines(&o);
     let last = lines.last().expect("a line");
     assert_eq!(last["level"], "ERROR", "{err}");
     assert_eq!(last["fields"]["exit"], 1, "{err}");
