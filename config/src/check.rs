@@ -560,35 +560,53 @@ fn port_problem(port: &str) -> Option<String> {
 }
 
 /// The values that would give each peer the credit it needs: `credit` is
-/// `unexpected_bytes / max_peers`, `need` an eager message's charge.
+/// `unexpected_bytes / max_peers`, `need` an eager message's charge. Each
+/// is offered only when the engine's check passes with it (one field
+/// changed, the others as they are).
 fn credit_fix(core: &emx::proto::CoreConfig, credit: u64, need: u64) -> String {
     use emx::proto::matching::{CHUNK, MSG_OVERHEAD};
-    use emx::proto::{MAX_PEER_CREDIT, MAX_UNEXPECTED_BYTES};
+    use emx::proto::MAX_PEER_CREDIT;
     let peers = core.max_peers.max(1) as u64;
-    let mut fixes = Vec::new();
-    if credit > MAX_PEER_CREDIT {
-        // Credit is the store divided by the peers, rounded down.
-        fixes.push(format!(
-            "unexpected_bytes {} at most",
-            (MAX_PEER_CREDIT + 1) * peers - 1
-        ));
-        fixes.push(format!(
-            "max_peers {} at least",
-            core.unexpected_bytes / (MAX_PEER_CREDIT + 1) + 1
-        ));
+    let store = core.unexpected_bytes;
+    // Credit is the store divided by the peers, rounded down.
+    let (store_fix, peers_fix) = if credit > MAX_PEER_CREDIT {
+        (
+            ((MAX_PEER_CREDIT + 1) * peers - 1, "at most"),
+            (store / (MAX_PEER_CREDIT + 1) + 1, "at least"),
+        )
     } else {
-        if let Some(store) = need
-            .checked_mul(peers)
-            .filter(|&b| b <= MAX_UNEXPECTED_BYTES)
-        {
-            fixes.push(format!("unexpected_bytes {store} at least"));
-        }
-        // The largest message whose charge (its bytes in whole chunks, and
-        // its envelope) the credit holds.
-        let eager = credit.saturating_sub(MSG_OVERHEAD) / CHUNK as u64 * CHUNK as u64;
-        if eager > 0 {
-            fixes.push(format!("eager_threshold {eager} at most"));
-        }
+        (
+            (need.saturating_mul(peers), "at least"),
+            (store / need.max(1), "at most"),
+        )
+    };
+    // The largest message whose charge (its bytes in whole chunks, and its
+    // envelope) the credit holds.
+    let eager =
+        credit.min(MAX_PEER_CREDIT).saturating_sub(MSG_OVERHEAD) / CHUNK as u64 * CHUNK as u64;
+    let candidates = [
+        ("unexpected_bytes", store_fix.0, store_fix.1),
+        ("eager_threshold", eager, "at most"),
+        ("max_peers", peers_fix.0, peers_fix.1),
+    ];
+    let fixes: Vec<String> = candidates
+        .iter()
+        .filter(|&&(field, value, _)| {
+            let mut c = core.clone();
+            match field {
+                "unexpected_bytes" => c.unexpected_bytes = value,
+                "eager_threshold" => c.eager_threshold = value,
+                _ => match usize::try_from(value) {
+                    Ok(v) => c.max_peers = v,
+                    Err(_) => return false,
+                },
+            }
+            value > 0 && c.validate().is_ok()
+        })
+        .map(|(field, value, how)| format!("{field} {value} {how}"))
+        .collect();
+    if fixes.is_empty() {
+        return " (give more unexpected_bytes, a smaller eager_threshold, or both)".to_owned();
     }
     format!(" (give {})", fixes.join(", or "))
 }

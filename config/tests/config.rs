@@ -275,7 +275,7 @@ const BROKEN: &[(&str, usize, &str, &str)] = &[
     ("window-type.toml", 6, "protocol.window", "\"ten\" is not a number (want a whole number in 0..=4294967295)"),
     ("endpoint-too-large.toml", 10, "node[0].endpoints[1]", "300 is out of range (want a whole number in 0..=255)"),
     ("ethertype-quoted.toml", 4, "cluster.ethertype", "\"0x88B5\" is in quotes: write the number without them (0x88B5)"),
-    ("credit-small.toml", 6, "protocol.unexpected_bytes", "(unexpected_bytes / max_peers = 15625 bytes) must hold one eager message of eager_threshold bytes (33024 bytes with its framing) and be at most 1 GiB (give unexpected_bytes 2113536 at least, or eager_threshold 15360 at most)"),
+    ("credit-small.toml", 6, "protocol.unexpected_bytes", "(unexpected_bytes / max_peers = 15625 bytes) must hold one eager message of eager_threshold bytes (33024 bytes with its framing) and be at most 1 GiB (give unexpected_bytes 2113536 at least, or eager_threshold 15360 at most, or max_peers 30 at most)"),
     ("credit-large.toml", 6, "protocol.unexpected_bytes", "(unexpected_bytes / max_peers = 2147483648 bytes) must hold one eager message of eager_threshold bytes (33024 bytes with its framing) and be at most 1 GiB (give unexpected_bytes 2147483649 at most, or max_peers 4 at least)"),
 ];
 
@@ -353,6 +353,10 @@ fn credit_errors_give_the_exact_bounds() {
                     "unexpected_bytes = 1000000\neager_threshold = 15360",
                     "unexpected_bytes = 1000000\neager_threshold = 15361",
                 ),
+                (
+                    "unexpected_bytes = 1000000\nmax_peers = 30",
+                    "unexpected_bytes = 1000000\nmax_peers = 31",
+                ),
             ][..],
         ),
         (
@@ -367,6 +371,14 @@ fn credit_errors_give_the_exact_bounds() {
                     "unexpected_bytes = 4294967296\nmax_peers = 3",
                 ),
             ][..],
+        ),
+        // A message no credit holds (over 1 GiB): only a smaller one fits.
+        (
+            "eager_threshold = 1610612736\nmax_peers = 2\nunexpected_bytes = 1073741824",
+            &[(
+                "eager_threshold = 536870656\nmax_peers = 2\nunexpected_bytes = 1073741824",
+                "eager_threshold = 536870657\nmax_peers = 2\nunexpected_bytes = 1073741824",
+            )][..],
         ),
     ] {
         let e = ClusterConfig::parse(&file(protocol), "t.toml")

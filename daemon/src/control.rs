@@ -579,7 +579,11 @@ pub fn request(
     if uid != me && uid != 0 && me != 0 {
         return Err(ClientError::Foreign { path: shown, uid });
     }
-    let until = std::time::Instant::now() + timeout;
+    // (A timeout too long for an Instant is a year: no reply takes that.)
+    let now = std::time::Instant::now();
+    let until = now
+        .checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400));
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
     let mut line = serde_json::to_string(req).expect("a request serializes");
     line.push('\n');

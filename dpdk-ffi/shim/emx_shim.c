@@ -731,8 +731,14 @@ int emx_log_through(emx_log_write write)
 
 	if (f == NULL)
 		return -1;
-	/* One write a message: DPDK flushes after each. */
-	setvbuf(f, NULL, _IOFBF, 4096);
+	/*
+	 * Unbuffered: glibc then formats each fprintf into a buffer of the
+	 * call's own and writes it once, so that one write is one message of
+	 * one thread (whose level emx_log_level reads). With a shared buffer,
+	 * another thread's message could join one between DPDK's fprintf and
+	 * its fflush, and go out under the flushing thread's level.
+	 */
+	setvbuf(f, NULL, _IONBF, 0);
 	return rte_openlog_stream(f);
 }
 

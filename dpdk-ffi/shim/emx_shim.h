@@ -78,8 +78,9 @@ void emx_quiet_bpf_logs(void);
 
 /*
  * Sends DPDK's log messages to `write` (with a NULL cookie) instead of its
- * default stream: DPDK writes and flushes each message whole, so each call
- * is one message (a longer one than 4 KiB comes in pieces). 0 or -1.
+ * default stream, unbuffered: each call is one message of the calling
+ * thread (glibc formats an fprintf to an unbuffered stream whole, in pieces
+ * past 8 KiB). 0 or -1.
  */
 typedef ssize_t (*emx_log_write)(void *cookie, const char *buf, size_t size);
 int emx_log_through(emx_log_write write);

@@ -43,6 +43,9 @@ pub enum LogLevel {
 impl LogLevel {
     fn from_rte(level: i32) -> LogLevel {
         match level {
+            // 0: written straight to DPDK's stream, not through its log
+            // call (which sets the level first).
+            0 => LogLevel::Info,
             ..=4 => LogLevel::Error,
             5 => LogLevel::Warning,
             6 => LogLevel::Notice,
@@ -87,10 +90,10 @@ pub(crate) fn expected(msg: &[u8]) -> bool {
 }
 
 /// The lines of `chunk` to keep: all but the two warnings, each line judged
-/// on its own. A chunk may hold several messages: DPDK formats a message and
-/// flushes it in two stdio calls, and another thread's message can land in
-/// the stream's buffer between them (filtered as a whole, the warning took
-/// the other message with it).
+/// on its own. A chunk may hold several lines, and could hold several
+/// messages while the stream was buffered (another thread's message landed
+/// in the buffer between DPDK's write and its flush; filtered as a whole,
+/// the warning took the other message with it).
 fn kept(chunk: &[u8]) -> impl Iterator<Item = &[u8]> {
     chunk
         .split_inclusive(|&b| b == b'\n')
@@ -105,8 +108,9 @@ unsafe extern "C" fn write(_cookie: *mut c_void, buf: *const c_char, size: usize
     // SAFETY: stdio hands over `size` readable bytes at `buf` for this call.
     let chunk = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) };
     if let Some(&sink) = SINK.get() {
-        // SAFETY: a plain call; DPDK set this thread's current message
-        // before writing it.
+        // SAFETY: a plain call, reading this thread's level of its current
+        // message (set by DPDK's log call before it writes; the stream is
+        // unbuffered, so this write is that message).
         let level = LogLevel::from_rte(unsafe { sys::emx_log_level() });
         to_sink(sink, level, chunk);
         return size as isize;
@@ -126,7 +130,11 @@ fn to_sink(sink: LogSink, level: LogLevel, chunk: &[u8]) {
         let line = String::from_utf8_lossy(line);
         let line = line.trim_end();
         if !line.is_empty() {
-            let _ = std::panic::catch_unwind(|| sink(level, line));
+            // The payload is forgotten, not dropped: its drop could panic
+            // in turn, outside the catch.
+            if let Err(payload) = std::panic::catch_unwind(|| sink(level, line)) {
+                std::mem::forget(payload);
+            }
         }
     }
 }
@@ -134,9 +142,12 @@ fn to_sink(sink: LogSink, level: LogLevel, chunk: &[u8]) {
 /// Sends DPDK's log messages through [`expected`] to stderr. Call before
 /// `rte_eal_init`, so that its own messages go the same way.
 pub(crate) fn filter() {
-    // SAFETY: `write` has the signature fopencookie(3) expects, never unwinds
-    // (it ignores write errors and cannot panic), and reads only the buffer
-    // it is handed. DPDK keeps the stream for the life of the process.
+    // SAFETY: `write` has the signature fopencookie(3) expects and reads
+    // only the buffer it is handed. It does not unwind into C: it ignores
+    // write errors, a sink's panic is caught there, and anything else that
+    // escaped an `extern "C"` function would abort the process (Rust 1.81
+    // and later), not unwind. DPDK keeps the stream for the life of the
+    // process.
     let ret = unsafe { sys::emx_log_through(Some(write)) };
     debug_assert_eq!(ret, 0, "fopencookie failed");
 }
@@ -171,6 +182,7 @@ mod tests {
                 (LogLevel::Notice, "partial".to_owned()),
             ]
         );
+        assert_eq!(LogLevel::from_rte(0), LogLevel::Info);
         assert_eq!(LogLevel::from_rte(1), LogLevel::Error);
         assert_eq!(LogLevel::from_rte(4), LogLevel::Error);
         assert_eq!(LogLevel::from_rte(5), LogLevel::Warning);

@@ -73,7 +73,8 @@ struct Args {
     node: Option<String>,
     /// Print emxd's reply (JSON) instead of tables; when there is none to
     /// print, an object `{"ok": false, "error": ..., "answered": ...}`
-    /// (`answered`: whether emxd answered at all).
+    /// (`answered`: whether emxd answered at all). (A mistake in the
+    /// command line gets clap's message only, on stderr.)
     #[arg(long, global = true)]
     json: bool,
     /// Give up on a reply after this many seconds (default 10, and 600 for
@@ -427,6 +428,9 @@ fn wait(
         Want::Up => control::PeerState::Up,
         Want::Down => control::PeerState::Down,
     };
+    // Whether any emxd answered: a wait that never got an answer ends as
+    // one (exit 3), not as a wait whose peers did not come (exit 1).
+    let mut answered = false;
     loop {
         let left = deadline.saturating_sub(t.elapsed());
         let asked = socket(args).and_then(|path| {
@@ -439,9 +443,11 @@ fn wait(
             Err(f @ (Fail::NoAnswer(_, false) | Fail::Usage(_))) => return Err(f),
             Err(f) => f.message().to_owned(),
             Ok(reply) if reply["ok"].as_bool() != Some(true) => {
+                answered = true;
                 format!("emxd said: {}", reply["error"].as_str().unwrap_or("no"))
             }
             Ok(reply) => {
+                answered = true;
                 let peers: Peers =
                     serde_json::from_value(reply.clone()).map_err(|e| unexpected("peers", &e))?;
                 let mine: Vec<&control::PeerEntry> =
@@ -483,10 +489,12 @@ fn wait(
             }
         };
         if t.elapsed() >= deadline {
-            return Err(Fail::Failed(format!(
-                "not all {} within {within} s: {why}",
-                target.as_str()
-            )));
+            let why = format!("not all {} within {within} s: {why}", target.as_str());
+            return Err(if answered {
+                Fail::Failed(why)
+            } else {
+                Fail::NoAnswer(why, true)
+            });
         }
         std::thread::sleep(Duration::from_millis(20).min(deadline.saturating_sub(t.elapsed())));
     }

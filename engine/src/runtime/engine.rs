@@ -1612,7 +1612,8 @@ impl Endpoint {
     /// shutdown's deadline has passed, or only receives waiting for a
     /// message are left, the core stops taking messages and aborts what it
     /// holds (completed with [`Error::ShutDown`]), as [`close`](Self::close)
-    /// would. Whether it did so now. Called on idle polls only.
+    /// would. Whether it did so now. Called on idle polls only ([`progress`](Self::progress)),
+    /// so under steady traffic the deadline is kept at the first pause.
     fn stop_inline(&mut self) -> bool {
         let Mode::Inline(d) = &mut self.mode else {
             return false;
@@ -1854,8 +1855,22 @@ impl Endpoint {
                 if !INLINE_CHECKED.with(std::cell::Cell::get) {
                     register_inline_thread(&**d);
                 }
-                !d.progress_inline(self.clock.now(), &mut self.requests)
+                if !d
+                    .progress_inline(self.clock.now(), &mut self.requests)
                     .idle()
+                {
+                    return true;
+                }
+                // Idle: after `Engine::shutdown`, perhaps time to abort what
+                // is left; its completions are taken at once.
+                self.stop_inline()
+                    && match &mut self.mode {
+                        Mode::Inline(d) => {
+                            d.progress_inline(self.clock.now(), &mut self.requests);
+                            true
+                        }
+                        Mode::Thread(_) => unreachable!("inline above"),
+                    }
             }
             Mode::Thread(events) => {
                 let eps = &self.shared.eps[self.ep];
@@ -1975,9 +1990,7 @@ impl Endpoint {
             // Read before the rings are: the thread's last completions were
             // pushed before it was marked dead, so this drain takes them.
             let died = self.shared.died.load(Ordering::Acquire);
-            if !self.progress() && self.stop_inline() {
-                self.progress();
-            }
+            self.progress();
             if !self.requests.is_done(req)? {
                 if died {
                     // It will never finish: the thread that held it is gone.
@@ -1998,9 +2011,7 @@ impl Endpoint {
         }
         // Read before the rings are, as in `test`.
         let died = self.shared.died.load(Ordering::Acquire);
-        if !self.progress() && self.stop_inline() {
-            self.progress();
-        }
+        self.progress();
         match self.take_first_done(reqs)? {
             None if died && !reqs.is_empty() => Err(self.shared.stopped_error()),
             done => Ok(done),
@@ -2100,9 +2111,6 @@ impl Endpoint {
             }
             if self.progress() {
                 spins = 0;
-                continue;
-            }
-            if self.stop_inline() {
                 continue;
             }
             if matches!(self.mode, Mode::Thread(_))

@@ -142,10 +142,6 @@ impl From<dpdk_ffi::Error> for Error {
     }
 }
 
-/// What to change when the mbuf pool does not fit: on hugepages the EAL takes
-/// its memory from the free hugepages as it goes (its `memory_mb` is only
-/// what `auto` and `require` look for at start), with `--no-huge` from the
-/// `memory_mb` it was given.
 impl Error {
     /// Whether the peer was declared unreachable: the same failure arrives as
     /// [`Error::Send`], [`Error::Recv`] or [`Error::Request`] depending on when
@@ -166,6 +162,10 @@ impl Error {
     }
 }
 
+/// What to change when the mbuf pool does not fit: on hugepages the EAL takes
+/// its memory from the free hugepages as it goes (its `memory_mb` is only
+/// what `auto` and `require` look for at start), with `--no-huge` from the
+/// `memory_mb` it was given.
 fn pool_fix(hugepages: bool, mib: u64) -> String {
     if hugepages {
         format!(

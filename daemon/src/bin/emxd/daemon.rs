@@ -140,7 +140,7 @@ impl Daemon {
         let mut asked = false;
         // (Asked early: a request that found emxd starting, answered just
         // before the loop took over, is looked for on every turn.)
-        while !asked && !self.stop.load(Ordering::Relaxed) {
+        while !asked && !self.stop.load(Ordering::Acquire) {
             if self.asked_early.load(Ordering::Relaxed) {
                 asked = true;
                 break;
@@ -355,6 +355,7 @@ impl Daemon {
             let mut v: Vec<u64> = DEFAULT_CHECK_SIZES
                 .iter()
                 .map(|&s| least.map_or(s, |l| s.min(l as u64)))
+                .filter(|&s| s > 0)
                 .collect();
             v.dedup();
             v

@@ -205,8 +205,9 @@ fn run(args: Args) -> Result<(), Failure> {
     );
     // A signal while the link is awaited (up to `link_wait_ms`) stops emxd
     // then, as one after the start drains it: exit 0.
+    // (Acquire: whoever sees `stop` sees the signal's number stored before.)
     let started = start_node_until(&node_cfg, &|| {
-        stop.load(Ordering::Relaxed) || asked.load(Ordering::Relaxed)
+        stop.load(Ordering::Acquire) || asked.load(Ordering::Relaxed)
     });
     if let Err(emx::runtime::Error::Stopped) = started {
         let by = match signal.load(Ordering::Relaxed) {
