@@ -374,6 +374,14 @@ fn probe_cancel_and_stale_handles() {
             ),
             "{mode:?}"
         );
+        // Waiting for a message that does not come ends at the timeout;
+        // one that is there is found at once.
+        let t = Instant::now();
+        let none = b.probe_timeout(None, 99, u64::MAX, Duration::from_millis(30));
+        assert!(none.unwrap().is_none(), "{mode:?}");
+        assert!(t.elapsed() >= Duration::from_millis(30), "{mode:?}");
+        let again = b.probe_timeout(None, 42, u64::MAX, Duration::from_secs(5));
+        assert_eq!(again.unwrap().map(|p| p.len), Some(100), "{mode:?}");
         // A source that is no peer is refused, as irecv refuses it (probe
         // used to say there was no message).
         assert!(

@@ -2299,6 +2299,55 @@ impl Endpoint {
         }
     }
 
+    /// [`probe`](Self::probe) until such a message has arrived, or for
+    /// `timeout` (`Duration::MAX`: no limit, MPI's blocking `Probe`):
+    /// `None` when none came by then. It takes nothing: a receive with the
+    /// same arguments then takes this message, unless another takes it
+    /// first (an earlier receive that matches it too).
+    ///
+    /// ```
+    /// # use emx::io::{MemNetwork, PacketIo};
+    /// # use emx::proto::Addr;
+    /// # use emx::runtime::{Engine, EngineConfig, PeerConfig, ProgressMode};
+    /// # use std::time::Duration;
+    /// # let (link_a, link_b) = MemNetwork::pair(1500);
+    /// # let peer = |node, mac| PeerConfig { node, endpoint: 0, mac };
+    /// // The sender's engine on a polling thread: it goes on while this
+    /// // thread waits in B's probe.
+    /// let thread = ProgressMode::Thread { core: None, spin: false };
+    /// # let cfg_a = EngineConfig { peers: vec![peer(2, link_b.mac())], progress: thread, ..EngineConfig::new(1) };
+    /// # let cfg_b = EngineConfig { peers: vec![peer(1, link_a.mac())], ..EngineConfig::new(2) };
+    /// # let (mut ea, mut eb) = (Engine::start(&cfg_a, link_a)?, Engine::start(&cfg_b, link_b)?);
+    /// # let (mut a, mut b) = (ea.endpoint()?, eb.endpoint()?);
+    /// a.isend(Addr::new(2, 0), 7, vec![1u8; 300]).map_err(|r| r.error)?;
+    /// // A message of a size not known in advance: probe, then receive it whole.
+    /// let p = b.probe_timeout(None, 7, !0, Duration::from_secs(5))?.expect("it came");
+    /// let (buf, info) = b.recv(Some(p.src), p.match_bits, !0, vec![0u8; p.len as usize])?;
+    /// assert!(!info.truncated && buf.as_ref() == &[1u8; 300][..]);
+    /// # Ok::<(), emx::runtime::Error>(())
+    /// ```
+    pub fn probe_timeout(
+        &mut self,
+        src: Option<Addr>,
+        match_bits: u64,
+        mask: u64,
+        timeout: Duration,
+    ) -> Result<Option<ProbeInfo>, Error> {
+        let until = after(timeout);
+        let mut spins = 0;
+        loop {
+            if let Some(p) = self.probe(src, match_bits, mask)? {
+                return Ok(Some(p));
+            }
+            if Instant::now() >= until {
+                return Ok(None);
+            }
+            // (Inline, `probe` polled the link; with a polling thread it
+            // asked the thread, and a park between asks is at most 1 ms.)
+            self.idle(&mut spins);
+        }
+    }
+
     /// Adds a peer (its address and MAC). An endpoint of this node is
     /// refused ([`PeerError::SelfAddress`](crate::proto::PeerError)): the
     /// link does not bring frames to the node's own address back.
