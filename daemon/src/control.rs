@@ -547,7 +547,19 @@ pub fn request(
         path: shown.clone(),
         source,
     };
-    let stream = UnixStream::connect(path).map_err(|e| {
+    // (A timeout too long for an Instant is a year: no reply takes that.)
+    let now = std::time::Instant::now();
+    let until = now
+        .checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400));
+    let stream = connect_by(path, until).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            // Its queue of connections stayed full: emxd takes none.
+            return ClientError::NoReply {
+                path: shown.clone(),
+                timeout,
+            };
+        }
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let meta = std::fs::metadata(path);
         if e.kind() == std::io::ErrorKind::PermissionDenied {
@@ -579,11 +591,6 @@ pub fn request(
     if uid != me && uid != 0 && me != 0 {
         return Err(ClientError::Foreign { path: shown, uid });
     }
-    // (A timeout too long for an Instant is a year: no reply takes that.)
-    let now = std::time::Instant::now();
-    let until = now
-        .checked_add(timeout)
-        .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400));
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
     let mut line = serde_json::to_string(req).expect("a request serializes");
     line.push('\n');
@@ -623,6 +630,35 @@ pub fn request(
             path: shown,
             reply: quoted(&reply),
         }),
+    }
+}
+
+/// Connects to the socket at `path`, trying again while its queue of
+/// connections is full (`WouldBlock` once `until` has passed): a blocking
+/// connect would wait there for as long as emxd takes none, whatever the
+/// timeout.
+pub fn connect_by(path: &Path, until: std::time::Instant) -> std::io::Result<UnixStream> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    let addr = UnixAddr::new(path).map_err(std::io::Error::from)?;
+    loop {
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(std::io::Error::from)?;
+        match connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+            Ok(()) => {
+                let stream = UnixStream::from(fd);
+                stream.set_nonblocking(false)?;
+                return Ok(stream);
+            }
+            Err(nix::errno::Errno::EAGAIN) if std::time::Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

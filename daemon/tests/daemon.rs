@@ -463,6 +463,53 @@ fn emxctl_says_when_no_reply_came() {
     assert!(err.contains("no reply from emxd within 1 s"), "{err}");
     assert!(took < Duration::from_secs(3), "{took:?}");
 
+    // One whose queue of connections is full (it takes none): --timeout
+    // bounds the connect too (a blocking connect waited for ever).
+    let full = dir.path("full.sock");
+    let _full = std::os::unix::net::UnixListener::bind(&full).unwrap();
+    let mut held = Vec::new();
+    loop {
+        use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .unwrap();
+        match connect(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &UnixAddr::new(&full).unwrap(),
+        ) {
+            Ok(()) => held.push(fd),
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(held.len() < 100_000, "the queue never filled");
+    }
+    let mut child = Command::new(EMXCTL)
+        .arg("--control")
+        .arg(&full)
+        .args(["--timeout", "1", "status"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("emxctl still connecting after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = stderr(&child.wait_with_output().unwrap());
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("no reply from emxd within 1 s"), "{err}");
+    drop(held);
+
     // One that answers without end: refused past 64 MiB, and quoted short
     // (emxctl gathered it all, and printed it all).
     let huge = dir.path("huge.sock");
