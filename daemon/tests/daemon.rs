@@ -391,6 +391,15 @@ fn emxctl_without_emxd_says_how_to_start_it() {
         err.contains("no emxd of node \"sever\"") && err.contains(": server"),
         "{err}"
     );
+    // A number past any node id is refused as emxd refuses it.
+    let o = Command::new(EMXCTL)
+        .env("EMX_CONTROL_DIR", &dir.0)
+        .args(["--node", "70000", "status"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("not a node id (want 0..=65535)"), "{err}");
     // With --json, an object on stdout all the same.
     let o = Command::new(EMXCTL)
         .args(["--control", sock.to_str().unwrap(), "status", "--json"])

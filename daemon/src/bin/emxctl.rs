@@ -235,6 +235,11 @@ fn socket(args: &Args) -> Result<PathBuf, Fail> {
     if let Some(n) = &args.node {
         let path = default_control_path(n);
         // Names are never numbers (the cluster file's rule): a number is an id.
+        if n.bytes().all(|b| b.is_ascii_digit()) && n.parse::<u16>().is_err() {
+            return Err(Fail::Usage(format!(
+                "--node {n}: not a node id (want 0..=65535), and a node's name is never a number"
+            )));
+        }
         return match n.parse::<u16>() {
             Ok(id) if !path.exists() => by_id(id, &dir),
             _ if !path.exists() => {
