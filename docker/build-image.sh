@@ -37,8 +37,15 @@ cp -L "$(command -v dash)" "$ctx/rootfs/bin/sh"
 cp -L "$(command -v ip)" "$ctx/rootfs/sbin/ip"
 cp -L "$(command -v sleep)" "$ctx/rootfs/bin/sleep"
 # The libraries the binaries load, at the paths the loader looks for them.
-for lib in $(ldd "$ctx"/rootfs/usr/local/bin/emx[dc]* "$ctx"/rootfs/bin/* "$ctx"/rootfs/sbin/* \
-        | awk '/=>/ { print $3 } /^[[:space:]]*\// { print $1 }' | sort -u); do
+# (A static binary among them makes ldd exit 1: its lines say so, and hold
+# no library.)
+libs=$(ldd "$ctx"/rootfs/usr/local/bin/emx[dc]* "$ctx"/rootfs/bin/* "$ctx"/rootfs/sbin/*) || true
+if missing=$(grep 'not found' <<< "$libs"); then
+    echo "build-image: a library the image needs is not on this machine (install its package):" >&2
+    echo "$missing" >&2
+    exit 1
+fi
+for lib in $(awk '/=>/ { print $3 } /^[[:space:]]*\// { print $1 }' <<< "$libs" | sort -u); do
     mkdir -p "$ctx/rootfs$(dirname "$lib")"
     cp -L "$lib" "$ctx/rootfs$lib"
 done

@@ -21,8 +21,18 @@
 set -euo pipefail
 N=${1:-3}
 cd "$(dirname "$0")/.."
-command -v docker >/dev/null && docker info >/dev/null 2>&1 \
-    || { echo "docker testbed: no Docker engine answers here" >&2; exit 1; }
+command -v docker >/dev/null \
+    || { echo "docker testbed: no docker command here: install Docker (with compose)" >&2; exit 1; }
+# What docker says is the reason: a daemon not running, or a socket this user
+# may not use.
+if ! why=$(docker info 2>&1 >/dev/null); then
+    echo "docker testbed: no Docker engine answers here: ${why:-docker info failed}" >&2
+    case "$why" in
+        *"permission denied"*) echo "  (add this user to the docker group and log in again, or run as root)" >&2 ;;
+        *"Cannot connect"*|*"Is the docker daemon running"*) echo "  (start it: systemctl start docker)" >&2 ;;
+    esac
+    exit 1
+fi
 # Compose v2 (the docker plugin) or v1 (Debian's docker-compose).
 if docker compose version >/dev/null 2>&1; then
     COMPOSE=(docker compose)

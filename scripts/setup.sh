@@ -111,11 +111,11 @@ if [ "$HUGEPAGES" -gt 0 ] && [ -e "$nr" ]; then
   if [ "$(cat "$nr")" -lt "$HUGEPAGES" ]; then
     echo "$HUGEPAGES" | as_root_quietly tee "$nr" >/dev/null 2>&1 || true
     [ "$(cat "$nr")" -ge "$HUGEPAGES" ] \
-      || say "reserved $(cat "$nr") of $HUGEPAGES hugepages; emx runs without them (--no-huge) where short"
+      || say "reserved $(cat "$nr") of $HUGEPAGES hugepages; emx runs without them (--no-huge) where short (EMX_HUGEPAGES=0 skips this)"
   fi
   if ! grep -q ' hugetlbfs ' /proc/mounts; then
     { as_root_quietly mkdir -p /dev/hugepages && as_root_quietly mount -t hugetlbfs nodev /dev/hugepages; } >/dev/null 2>&1 \
-      || say "could not mount hugetlbfs on /dev/hugepages; emx runs without hugepages (--no-huge)"
+      || say "could not mount hugetlbfs on /dev/hugepages; emx runs without hugepages (--no-huge; EMX_HUGEPAGES=0 skips this)"
   fi
 fi
 exit 0

@@ -56,13 +56,33 @@ MADE=()
 
 say() { echo "testbed: $*"; }
 
+# Whether process $1 runs (a zombie, exited and not yet reaped, does not).
+alive() {
+    local st
+    st=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) || return 1
+    [ -n "$st" ] && [ "$st" != Z ]
+}
+
+# Waits for emxd $1, told to stop, to exit: up to 10 s, then it is killed
+# (a teardown used to wait for ever on one that did not stop). Its status.
+reap() {
+    local t=0 rc=0
+    while alive "$1" && [ $t -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
+    if alive "$1"; then
+        say "emxd (pid $1) did not exit within 10 s of SIGTERM: killed"
+        kill -KILL "$1" 2>/dev/null || true
+    fi
+    wait "$1" 2>/dev/null || rc=$?
+    return "$rc"
+}
+
 cleanup() {
     local rc=$?
     # A second Ctrl-C must not cut the teardown short (it ended the wait for
     # the daemons and exited, before anything was removed).
     trap '' INT TERM
     for i in "${!PID[@]}"; do kill -TERM "${PID[$i]}" 2>/dev/null || true; done
-    for i in "${!PID[@]}"; do wait "${PID[$i]}" 2>/dev/null || true; done
+    for i in "${!PID[@]}"; do reap "${PID[$i]}" || true; done
     for made in "${MADE[@]}"; do
         case $made in
             ns:*) ip netns del "${made#ns:}" 2>/dev/null || true ;;
@@ -139,7 +159,7 @@ wait_up() {
 stop_node() {
     local rc=0
     kill -TERM "${PID[$1]}"
-    wait "${PID[$1]}" || rc=$?
+    reap "${PID[$1]}" || rc=$?
     unset "PID[$1]"
     [ "$rc" = 0 ] || { say "emxd n$1 exited $rc on SIGTERM"; return 1; }
 }
