@@ -4,6 +4,8 @@
 # to emx-bench (see `emx-bench --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Under sudo: the invoking user's Rust, and target/ given back to them.
+source scripts/sudo-rust.sh
 bash scripts/setup.sh
 # (The build is quiet: say why the first run waits.)
 [ -x "${CARGO_TARGET_DIR:-target}/release/emx-bench" ] \

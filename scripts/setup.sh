@@ -78,7 +78,7 @@ if ! pkg-config --atleast-version=22.11 libdpdk 2>/dev/null; then
 fi
 
 if ! command -v cargo >/dev/null; then
-  say "cargo not found: install Rust (https://rustup.rs) and run this again"
+  say "cargo not found: install Rust (https://rustup.rs) and run this again${SUDO_USER:+ (under sudo, scripts/test.sh and bench.sh take a Rust in ~$SUDO_USER/.cargo; for the others, keep your PATH: sudo env PATH=\$PATH ...)}"
   exit 1
 fi
 # The workspace's rust-version: an older Rust (Debian's own cargo is 1.63)
@@ -86,7 +86,7 @@ fi
 need=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' "$(dirname "$0")/../Cargo.toml" | head -n 1)
 have=$(rustc --version 2>/dev/null | awk '{print $2}')
 if [ -n "$need" ] && ! printf '%s\n%s\n' "$need" "${have:-0}" | sort -V -C; then
-  say "Rust ${have:-?} is older than the $need emx needs: install a current one (https://rustup.rs, or rustup update)"
+  say "Rust ${have:-?} is older than the $need emx needs: install a current one (https://rustup.rs, or rustup update)${SUDO_USER:+; under sudo this is the Rust of root: keep your PATH to use yours, sudo env PATH=\$PATH ...}"
   exit 1
 fi
 if [ "$TEST" = 1 ] && ! cargo nextest --version >/dev/null 2>&1; then
