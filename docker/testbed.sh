@@ -115,7 +115,7 @@ say() { echo "testbed: $*"; }
 compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$WORK/compose.yml" "$@"; }
 
 cleanup() {
-    local rc=$?
+    local rc=$? out
     # A second Ctrl-C must not cut the teardown short (it ended the wait for
     # the daemons and exited, before anything was removed).
     trap '' INT TERM
@@ -128,9 +128,13 @@ cleanup() {
         say "kept (EMX_KEEP): project $PROJECT, files in $WORK"
         say "  look: ${COMPOSE[*]} -p $PROJECT -f $WORK/compose.yml exec n1 emxctl --control /run/emx/emxd.sock peers"
         say "  remove: ${COMPOSE[*]} -p $PROJECT -f $WORK/compose.yml down --volumes --timeout 5 && rm -rf $WORK"
-    else
-        compose down --volumes --timeout 5 >/dev/null 2>&1 || true
+    elif out=$(compose down --volumes --timeout 5 2>&1); then
         rm -rf "$WORK"
+    else
+        # $WORK keeps the compose file that removes what is left.
+        say "could not remove project $PROJECT: $out"
+        say "  remove: ${COMPOSE[*]} -p $PROJECT -f $WORK/compose.yml down --volumes --timeout 5 && rm -rf $WORK"
+        say "  (or leave it to the next run's sweep)"
     fi
     exit "$rc"
 }

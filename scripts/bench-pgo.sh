@@ -22,9 +22,11 @@ if [ -z "$llvm_major" ] || [ -z "$host" ]; then
     exit 1
 fi
 rustup_tool="$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata"
+rustup_said=""
 if [ ! -x "$rustup_tool" ] && command -v rustup >/dev/null; then
     say "adding rustup's llvm-tools component (for llvm-profdata)"
-    rustup component add llvm-tools >/dev/null 2>&1 || true
+    # (What rustup said is kept for the message below, should it fail.)
+    rustup_said=$(rustup component add llvm-tools 2>&1) || true
 fi
 profdata=""
 for p in "$rustup_tool" "llvm-profdata-$llvm_major" llvm-profdata; do
@@ -35,8 +37,13 @@ for p in "$rustup_tool" "llvm-profdata-$llvm_major" llvm-profdata; do
     fi
 done
 if [ -z "$profdata" ]; then
-    say "no llvm-profdata of LLVM $llvm_major (rustc's): run 'rustup component add llvm-tools'," \
-        "or install the llvm-$llvm_major package (its llvm-profdata-$llvm_major)"
+    say "no llvm-profdata of LLVM $llvm_major (rustc's): run 'rustup component add llvm-tools'" \
+        "(it needs the network)${rustup_said:+; it said: $rustup_said}"
+    # A distribution's LLVM may lag rustc's: name its package only if there is one.
+    if command -v apt-cache >/dev/null &&
+        apt-cache policy "llvm-$llvm_major" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+        say "or install the llvm-$llvm_major package (its llvm-profdata-$llvm_major)"
+    fi
     exit 1
 fi
 
