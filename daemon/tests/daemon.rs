@@ -359,54 +359,43 @@ fn a_control_socket_is_bound_under_a_lock_on_its_directory() {
 fn emxctl_without_emxd_says_how_to_start_it() {
     let dir = TempDir::new("noctl");
     let sock = dir.path("none.sock");
-    let o = Command::new(EMXCTL)
-        .args(["--control", sock.to_str().unwrap(), "status"])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
+    let control = sock.to_str().unwrap();
+    // emxctl with `args`, its control folder this test's: its exit code,
+    // what it said on stderr, and its stdout.
+    let ctl = |args: &[&str]| {
+        let o = Command::new(EMXCTL)
+            .env("EMX_CONTROL_DIR", &dir.0)
+            .args(args)
+            .output()
+            .unwrap();
+        (o.status.code(), stderr(&o), o.stdout)
+    };
+    let (code, err, _) = ctl(&["--control", control, "status"]);
     // 3: no emxd answered (1 says emxd answered that something failed).
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("is emxd running?"), "{err}");
     assert!(err.contains("emxd --config"), "{err}");
     // Looking in a control folder where none answers: an emxd started
     // with another EMX_CONTROL_DIR is the likely cause.
-    let o = Command::new(EMXCTL)
-        .env("EMX_CONTROL_DIR", &dir.0)
-        .arg("status")
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let (code, err, _) = ctl(&["status"]);
+    assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("EMX_CONTROL_DIR"), "{err}");
     // A node's name mistyped: the emxds that are there are named.
     fake_emxd_up(&dir.path("emxd-server.sock"), peers_reply(1, PeerState::Up));
-    let o = Command::new(EMXCTL)
-        .env("EMX_CONTROL_DIR", &dir.0)
-        .args(["--node", "sever", "status"])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let (code, err, _) = ctl(&["--node", "sever", "status"]);
+    assert_eq!(code, Some(3), "{err}");
     assert!(
         err.contains("no emxd of node \"sever\"") && err.contains(": server"),
         "{err}"
     );
     // A number past any node id is refused as emxd refuses it.
-    let o = Command::new(EMXCTL)
-        .env("EMX_CONTROL_DIR", &dir.0)
-        .args(["--node", "70000", "status"])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+    let (code, err, _) = ctl(&["--node", "70000", "status"]);
+    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("not a node id (want 0..=65535)"), "{err}");
     // With --json, an object on stdout all the same.
-    let o = Command::new(EMXCTL)
-        .args(["--control", sock.to_str().unwrap(), "status", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(3));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let (code, _, out) = ctl(&["--control", control, "status", "--json"]);
+    assert_eq!(code, Some(3));
+    let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(
         (&v["ok"], &v["answered"]),
         (&false.into(), &false.into()),
@@ -414,11 +403,7 @@ fn emxctl_without_emxd_says_how_to_start_it() {
     );
     assert!(v["error"].as_str().unwrap().contains("no emxd at"), "{v}");
     // A path that is no socket is not a reason to start emxd.
-    let o = Command::new(EMXCTL)
-        .args(["--control", dir.0.to_str().unwrap(), "status"])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
+    let (_, err, _) = ctl(&["--control", dir.0.to_str().unwrap(), "status"]);
     assert!(
         err.contains("it is not a socket") && !err.contains("is emxd running"),
         "{err}"
