@@ -35,6 +35,16 @@ as_root_quietly() {
   else return 1; fi
 }
 
+# A DPDK that pkg-config already finds (built from source into /usr/local,
+# say) is used as it is: installing the distribution's beside it would leave
+# which one links to pkg-config's search order.
+if pkg-config --atleast-version=22.11 libdpdk 2>/dev/null; then
+  wanted=()
+  for p in "${PACKAGES[@]}"; do
+    case $p in libdpdk-dev|dpdk) ;; *) wanted+=("$p") ;; esac
+  done
+  PACKAGES=("${wanted[@]}")
+fi
 missing=()
 if command -v dpkg-query >/dev/null; then
   for p in "${PACKAGES[@]}"; do
