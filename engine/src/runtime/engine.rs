@@ -1862,15 +1862,12 @@ impl Endpoint {
                     return true;
                 }
                 // Idle: after `Engine::shutdown`, perhaps time to abort what
-                // is left; its completions are taken at once.
-                self.stop_inline()
-                    && match &mut self.mode {
-                        Mode::Inline(d) => {
-                            d.progress_inline(self.clock.now(), &mut self.requests);
-                            true
-                        }
-                        Mode::Thread(_) => unreachable!("inline above"),
-                    }
+                // is left; its completions are taken at once (by a second
+                // poll, whose own `stop_inline` finds the core closing).
+                self.stop_inline() && {
+                    self.progress();
+                    true
+                }
             }
             Mode::Thread(events) => {
                 let eps = &self.shared.eps[self.ep];
