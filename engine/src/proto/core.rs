@@ -50,8 +50,8 @@ use super::peer::Peer;
 use super::slab::{id_map, FreeList, IdMap, Links, List, MinTree, ZeroedLinks, NIL};
 use super::stats::{CoreStats, PeerInfo, PeerStats};
 use super::{
-    Addr, ChecksumMode, ConfigError, CoreConfig, Now, PeerError, PeerId, RecvError, Rejected,
-    RequestError, RequestId, SendError, Time,
+    Addr, ChecksumMode, ConfigError, CoreConfig, MessageId, Now, PeerError, PeerId, RecvError,
+    Rejected, RequestError, RequestId, SendError, Time,
 };
 use super::{CoreOnly, RecvBuffer};
 use crate::wire::{
@@ -252,6 +252,13 @@ pub(crate) enum MsgState {
     Unexpected,
     /// Bound to a receive.
     Bound,
+    /// Taken by a matched probe ([`Core::mprobe`]), in no queue: waits for
+    /// [`Core::post_mrecv`].
+    Claimed,
+    /// Claimed, and its sender's session ended before all of it came: the
+    /// receive that [`Core::post_mrecv`] posts for it fails with this. It
+    /// keeps its charge (as a kept message does) and no store.
+    ClaimFailed(RequestError),
 }
 
 /// The envelope of an incoming message that is not finished yet.
@@ -276,6 +283,9 @@ pub(crate) struct InMsg {
     pub(crate) charge: u32,
     /// Left over from a session that ended; not in the id map any more.
     pub(crate) orphan: bool,
+    /// The number of the matched probe that claimed it (0: not claimed):
+    /// what its [`MessageId`] must carry.
+    pub(crate) claim: u32,
     /// In the id map (`msg_map`), where its later fragments, pulls and
     /// matching find it. A whole eager message queued as unexpected on arrival
     /// is not: nothing looks it up by id, only the unexpected queue finds it.
@@ -396,6 +406,8 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     pub(crate) msg_map: IdMap<u64, u32>,
     pub(crate) store: Store,
     pub(crate) held_total: u64,
+    /// The last matched probe's number (see [`InMsg::claim`]).
+    pub(crate) last_claim: u32,
 
     pub(crate) frames: Vec<TxFrame>,
     pub(crate) frame_free: FreeList,
@@ -549,6 +561,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             msg_map: id_map(n_msgs),
             store: Store::new(cfg.unexpected_bytes),
             held_total: 0,
+            last_claim: 0,
             frames: vec![TxFrame::EMPTY; n_frames],
             frame_free: FreeList::new(n_frames),
             frame_links: Links::new(n_frames),
@@ -887,7 +900,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         src: Option<Addr>,
         match_bits: u64,
         mask: u64,
-        mut buf: R,
+        buf: R,
         ctx: u64,
     ) -> Result<RequestId, Rejected<RecvError, R>> {
         if self.closing {
@@ -919,6 +932,33 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 }
             },
         };
+        let (r, gen) = self.take_recv_slot(buf, src_peer, match_bits, mask, ctx)?;
+        // (Not a dead one, whose kept message it takes below: engaging it
+        // would greet it, a session only `reconnect` may start.)
+        if src_peer != NO_PEER && !self.peers[src_peer as usize].dead {
+            self.recvs[r as usize].inv_peer = src_peer;
+            self.engage(src_peer, &mut now);
+        }
+        if let Some(m) = self.first_unexpected(src_peer, match_bits, mask) {
+            self.msg_links.remove(&mut self.unexpected, m);
+            self.bind(now.now(), m, r);
+        } else {
+            self.recv_links.push_back(&mut self.posted, r);
+        }
+        Ok(RequestId::recv(r, gen))
+    }
+
+    /// A receive slot for `buf`, filled in as posted (in no list yet), and
+    /// its generation; refused when `max_recvs` are outstanding.
+    #[inline]
+    fn take_recv_slot(
+        &mut self,
+        mut buf: R,
+        src_peer: u16,
+        match_bits: u64,
+        mask: u64,
+        ctx: u64,
+    ) -> Result<(u32, u32), Rejected<RecvError, R>> {
         let Some(r) = self.recv_free.alloc() else {
             return Err(Rejected {
                 error: RecvError::TooManyRecvs,
@@ -943,18 +983,105 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         slot.state = RecvState::Posted;
         slot.msg = NIL;
         slot.inv_peer = NO_PEER;
-        let gen = slot.gen;
-        // (Not a dead one, whose kept message it takes below: engaging it
-        // would greet it, a session only `reconnect` may start.)
-        if src_peer != NO_PEER && !self.peers[src_peer as usize].dead {
-            self.recvs[r as usize].inv_peer = src_peer;
-            self.engage(src_peer, &mut now);
+        Ok((r, slot.gen))
+    }
+
+    /// A matched probe (MPI's `Improbe`): takes the first unexpected message
+    /// that a receive with these arguments would take out of the unexpected
+    /// queue, so that no receive matches it any more, and gives its handle
+    /// and envelope. [`post_mrecv`](Self::post_mrecv) receives it. `None`
+    /// when there is no such message, and while the core is closing (no
+    /// receive could take it).
+    ///
+    /// The message may still be arriving (later fragments go on into the
+    /// store). Until it is received it keeps its room in the unexpected store
+    /// and its sender's credit, as an unexpected message does; a message
+    /// claimed and never received holds them until the core closes.
+    pub fn mprobe(
+        &mut self,
+        src: Option<Addr>,
+        match_bits: u64,
+        mask: u64,
+    ) -> Option<(MessageId, ProbeInfo)> {
+        if self.closing {
+            return None;
         }
-        if let Some(m) = self.first_unexpected(src_peer, match_bits, mask) {
-            self.msg_links.remove(&mut self.unexpected, m);
-            self.bind(now.now(), m, r);
-        } else {
-            self.recv_links.push_back(&mut self.posted, r);
+        let src_peer = match src {
+            None => NO_PEER,
+            Some(a) => *self.peer_map.get(&a.key())?,
+        };
+        let m = self.first_unexpected(src_peer, match_bits, mask)?;
+        self.msg_links.remove(&mut self.unexpected, m);
+        self.last_claim = match self.last_claim.wrapping_add(1) {
+            0 => 1,
+            c => c,
+        };
+        let msg = &mut self.msgs[m as usize];
+        msg.state = MsgState::Claimed;
+        msg.claim = self.last_claim;
+        let info = ProbeInfo {
+            src: self.peers[msg.peer as usize].addr,
+            match_bits: msg.match_bits,
+            len: msg.len,
+        };
+        let id = MessageId {
+            msg: m,
+            claim: self.last_claim,
+        };
+        Some((id, info))
+    }
+
+    /// Posts a receive for the message a matched probe took
+    /// ([`mprobe`](Self::mprobe)), as [`post_recv`](Self::post_recv) would
+    /// for a receive that matched it: copied into `buf` (truncated to it),
+    /// or pulled if it is a rendezvous. If its sender's session ended before
+    /// all of it came, the receive completes at once with that failure
+    /// ([`RequestError::PeerUnreachable`] or
+    /// [`RequestError::PeerRestarted`]); a message that had come whole is
+    /// received whatever became of its sender. A handle used before is
+    /// refused ([`RecvError::UnknownMessage`]).
+    pub fn post_mrecv(
+        &mut self,
+        mut now: impl Now,
+        msg: MessageId,
+        buf: R,
+        ctx: u64,
+    ) -> Result<RequestId, Rejected<RecvError, R>> {
+        if self.closing {
+            return Err(Rejected {
+                error: RecvError::Closed,
+                buf,
+            });
+        }
+        let m = msg.msg;
+        let failed = match self.msgs.get(m as usize) {
+            Some(e) if e.claim == msg.claim && e.state == MsgState::Claimed => None,
+            Some(e) if e.claim == msg.claim => match e.state {
+                MsgState::ClaimFailed(err) => Some(err),
+                _ => unreachable!("a claimed envelope is Claimed or ClaimFailed"),
+            },
+            _ => {
+                return Err(Rejected {
+                    error: RecvError::UnknownMessage,
+                    buf,
+                })
+            }
+        };
+        let (peer, bits) = (self.msgs[m as usize].peer, self.msgs[m as usize].match_bits);
+        let (r, gen) = self.take_recv_slot(buf, peer, bits, !0, ctx)?;
+        let now = now.now();
+        self.msgs[m as usize].claim = 0;
+        match failed {
+            None => self.bind(now, m, r),
+            Some(err) => {
+                // Its charge goes back to the session that followed (which
+                // started without it), and the envelope with the receive.
+                self.release_charge(now, m);
+                let slot = &mut self.recvs[r as usize];
+                slot.state = RecvState::Active;
+                slot.msg = m;
+                self.complete_recv(r, Err(err));
+            }
         }
         Ok(RequestId::recv(r, gen))
     }

@@ -199,6 +199,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             at: Cursor::START,
             charge: charge as u32,
             orphan: false,
+            claim: 0,
             mapped: false,
         };
         if m as usize == self.msgs.len() {

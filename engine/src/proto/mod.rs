@@ -283,6 +283,18 @@ impl RequestId {
     }
 }
 
+/// Handle of a message taken by a matched probe ([`Core::mprobe`]): no
+/// receive matches it any more, and [`Core::post_mrecv`] receives it. Plain
+/// data: a handle used once (or one whose message is gone) is refused as
+/// [`RecvError::UnknownMessage`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MessageId {
+    /// The message's envelope.
+    pub(crate) msg: u32,
+    /// The claim's number, in the envelope while it is claimed (never 0).
+    pub(crate) claim: u32,
+}
+
 /// Which bytes the checksum field covers on the frames a core sends, and the least it
 /// accepts on the frames it receives.
 ///
@@ -663,6 +675,11 @@ pub enum RecvError {
     /// This core was closed ([`Core::close`]).
     #[error("the endpoint is closed")]
     Closed,
+    /// The handle of a matched probe ([`MessageId`]) names no message
+    /// waiting to be received: it was received already, or is another
+    /// endpoint's.
+    #[error("unknown message handle (already received, or another endpoint's)")]
+    UnknownMessage,
 }
 
 /// A refused request: the error and the caller's buffer, handed back.

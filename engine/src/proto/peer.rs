@@ -378,7 +378,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.complete_send(i, Err(err));
         }
         // Envelopes: bound ones fail their receive, complete eager messages stay (they
-        // were delivered and acknowledged: their sends completed), the rest are dropped.
+        // were delivered and acknowledged: their sends completed), the rest are dropped,
+        // or, claimed by a matched probe, fail the receive to be posted for them.
         let mut kept = std::mem::take(&mut self.kept);
         kept.clear();
         let mut m = self.peers[p as usize].msgs.head;
@@ -389,15 +390,28 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 MsgState::Bound => self.complete_recv(msg.recv, Err(err)),
                 MsgState::Waiting if msg.rndv || msg.received < msg.len => self.free_msg(m),
                 MsgState::Waiting => kept.push(m),
-                MsgState::Unexpected => {
-                    if msg.rndv || msg.received < msg.len {
+                MsgState::Unexpected | MsgState::Claimed if msg.rndv || msg.received < msg.len => {
+                    if msg.state == MsgState::Unexpected {
                         self.msg_links.remove(&mut self.unexpected, m);
                         self.free_msg(m);
-                    } else if !msg.orphan {
+                    } else {
+                        // Its handle is out: the receive posted for it fails.
+                        // (It keeps its charge, as a kept message does, so
+                        // that the credits still bound the envelopes.)
+                        self.unmap_msg(m);
+                        self.store.free(msg.store);
+                        let msg = &mut self.msgs[m as usize];
+                        msg.store = NIL;
+                        msg.state = MsgState::ClaimFailed(err);
+                    }
+                }
+                MsgState::Unexpected | MsgState::Claimed => {
+                    if !msg.orphan {
                         self.unmap_msg(m);
                         self.msgs[m as usize].orphan = true;
                     }
                 }
+                MsgState::ClaimFailed(_) => {}
             }
             m = next;
         }
