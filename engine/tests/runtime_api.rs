@@ -431,6 +431,112 @@ fn probe_cancel_and_stale_handles() {
     }
 }
 
+/// A matched probe takes its message from every other receive, in both
+/// modes: a receive posted after it that would have matched it takes the
+/// next one, and the handle receives it once, on its own endpoint only.
+/// Rendezvous messages are pulled by the receive posted for them.
+#[test]
+fn a_matched_probe_keeps_its_message_for_its_receive() {
+    for mode in [ProgressMode::Inline, thread_mode()] {
+        let (_ea, eb, mut a, mut b) = joined(&mode);
+        let to_b = Addr::new(2, 0);
+        let sends = [
+            a.isend(to_b, 42, data(1, 100)).unwrap(),
+            a.isend(to_b, 42, data(2, 200)).unwrap(),
+            a.isend(to_b, 43, data(3, 100_000)).unwrap(),
+        ];
+        // (An inline sender sends what it queued when driven.)
+        let mut look = |b: &mut Endpoint, bits| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                a.progress();
+                if let Some(m) = b.mprobe(Some(Addr::new(1, 0)), bits, u64::MAX).unwrap() {
+                    break m;
+                }
+                assert!(Instant::now() < deadline, "{mode:?}: no message {bits}");
+            }
+        };
+        let m = look(&mut b, 42);
+        assert_eq!((m.info.src, m.info.len), (Addr::new(1, 0), 100), "{mode:?}");
+        let big = look(&mut b, 43);
+        assert_eq!(big.info.len, 100_000, "{mode:?}");
+        // A receive that would have taken the first takes the second.
+        let (buf, info) = b.recv(None, 42, u64::MAX, vec![0u8; 300]).unwrap();
+        assert_eq!(info.msg_len, 200, "{mode:?}");
+        assert_eq!(&buf.as_ref()[..200], &data(2, 200)[..], "{mode:?}");
+        // Another endpoint does not know the handle; this one receives it.
+        let refused = a.imrecv(m, vec![0u8; 100]).unwrap_err();
+        assert!(
+            matches!(refused.error, Error::Recv(RecvError::UnknownMessage)),
+            "{mode:?}: {:?}",
+            refused.error
+        );
+        let (buf, info) = b.mrecv(m, vec![0u8; m.info.len as usize]).unwrap();
+        assert!(!info.truncated, "{mode:?}");
+        assert_eq!(buf.as_ref(), &data(1, 100)[..], "{mode:?}");
+        // Once: the handle is spent, and the buffer comes back (inline in
+        // the call, with a polling thread in the completion, as the core's
+        // refusals of `irecv` come).
+        let (error, buf) = match b.imrecv(m, vec![7u8; 4]) {
+            Err(refused) => {
+                assert_eq!(mode, ProgressMode::Inline);
+                (refused.error, refused.buf)
+            }
+            Ok(r) => {
+                assert_eq!(mode, thread_mode());
+                let c = b.wait(r).unwrap();
+                let Buf::Recv(buf) = c.buf else {
+                    panic!("a receive's buffer")
+                };
+                (c.result.unwrap_err(), buf)
+            }
+        };
+        assert!(
+            matches!(error, Error::Recv(RecvError::UnknownMessage)),
+            "{mode:?}: {error:?}"
+        );
+        assert_eq!(buf.as_ref(), &[7u8; 4][..]);
+        // The rendezvous is pulled by its receive: the sender drives its side.
+        let r = b.imrecv(big, vec![0u8; 100_000]).unwrap();
+        let got = loop {
+            a.progress();
+            if let Some(c) = b.test(r).unwrap() {
+                break c;
+            }
+        };
+        let (buf, _) = got.into_recv().unwrap();
+        assert!(buf.as_ref() == &data(3, 100_000)[..], "{mode:?}");
+        for s in sends {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !a.is_done(s).unwrap() {
+                a.progress();
+                b.progress();
+                assert!(Instant::now() < deadline, "{mode:?}: a send never finished");
+            }
+            a.take(s).unwrap().unwrap().into_send().unwrap();
+        }
+        // Nothing to claim: `None` once the time is up; an unknown source is
+        // refused, as `irecv` refuses it.
+        let t = Instant::now();
+        let none = b.mprobe_timeout(None, 42, u64::MAX, Duration::from_millis(20));
+        assert!(none.unwrap().is_none(), "{mode:?}");
+        assert!(t.elapsed() >= Duration::from_millis(20), "{mode:?}");
+        assert!(
+            matches!(
+                b.mprobe(Some(Addr::new(9, 0)), 0, 0),
+                Err(Error::Recv(RecvError::UnknownPeer))
+            ),
+            "{mode:?}"
+        );
+        // A stopped engine claims nothing.
+        eb.shutdown(Duration::from_millis(100)).unwrap();
+        assert!(
+            matches!(b.mprobe(None, 0, 0), Err(Error::ShutDown)),
+            "{mode:?}"
+        );
+    }
+}
+
 /// A link whose receive blocks while the test holds the gate: it stalls the
 /// polling thread so that the submission ring fills deterministically.
 struct Gated {

@@ -55,13 +55,15 @@ use serde::Deserialize;
 
 use crate::io::{IoStats, PacketIo};
 use crate::proto::{
-    Addr, Completion, Core, CoreConfig, CoreStats, MacAddr, Now, PeerStats, ProbeInfo, RecvError,
-    SendError,
+    Addr, Completion, Core, CoreConfig, CoreStats, MacAddr, MessageId, Now, PeerStats, ProbeInfo,
+    RecvError, Rejected, SendError,
 };
 
 use super::buffer::{RecvBuf, SendBuf};
 use super::driver::{Clock, Driver, LazyNow, Progress, BURST};
-use super::request::{request_of, Buf, Completed, CoreCompletion, Kind, Request, Requests};
+use super::request::{
+    request_of, Buf, Completed, CoreCompletion, Kind, Message, Request, Requests,
+};
 use super::Error;
 
 /// How progress is made.
@@ -393,6 +395,16 @@ enum Cmd {
         bits: u64,
         mask: u64,
     },
+    MProbe {
+        src: Option<Addr>,
+        bits: u64,
+        mask: u64,
+    },
+    MRecv {
+        req: Request,
+        msg: MessageId,
+        buf: RecvBuf,
+    },
     AddPeer {
         addr: Addr,
         mac: [u8; 6],
@@ -425,6 +437,7 @@ enum Event {
         c: Completed,
     },
     Probe(Result<Option<ProbeInfo>, RecvError>),
+    MProbe(Result<Option<(MessageId, ProbeInfo)>, RecvError>),
     AddPeer(Result<(), Error>),
     /// (boxed: rare, and large next to the completions the ring mostly carries)
     Stats(Box<(Option<PeerStats>, IoStats)>),
@@ -1020,6 +1033,14 @@ impl Drop for Engine {
     }
 }
 
+/// A source that is not a peer, refused as [`Core::post_recv`] refuses it.
+fn known_source(core: &super::RuntimeCore, src: Option<Addr>) -> Result<(), RecvError> {
+    match src {
+        Some(a) if core.peer_id(a).is_none() => Err(RecvError::UnknownPeer),
+        _ => Ok(()),
+    }
+}
+
 /// [`Core::probe`], with a source that is not a peer refused.
 fn probe(
     core: &super::RuntimeCore,
@@ -1027,9 +1048,31 @@ fn probe(
     bits: u64,
     mask: u64,
 ) -> Result<Option<ProbeInfo>, RecvError> {
-    match src {
-        Some(a) if core.peer_id(a).is_none() => Err(RecvError::UnknownPeer),
-        _ => Ok(core.probe(src, bits, mask)),
+    known_source(core, src).map(|()| core.probe(src, bits, mask))
+}
+
+/// [`Core::mprobe`], with a source that is not a peer refused.
+fn mprobe(
+    core: &mut super::RuntimeCore,
+    src: Option<Addr>,
+    bits: u64,
+    mask: u64,
+) -> Result<Option<(MessageId, ProbeInfo)>, RecvError> {
+    known_source(core, src).map(|()| core.mprobe(src, bits, mask))
+}
+
+/// The completion of a receive that the core refused on the polling thread
+/// (one refused by a core closing as the engine stops ends with `ShutDown`).
+fn recv_refused(req: Request, r: Rejected<RecvError, RecvBuf>) -> Event {
+    Event::Done {
+        req,
+        c: Completed {
+            buf: Buf::Recv(r.buf),
+            result: Err(match r.error {
+                RecvError::Closed => Error::ShutDown,
+                e => Error::Recv(e),
+            }),
+        },
     }
 }
 
@@ -1243,16 +1286,11 @@ fn poll_thread(
                         buf,
                     } => match core.post_recv(now, src, bits, mask, buf, req.0) {
                         Ok(id) => ids[ep][req.index()] = Some((req, id)),
-                        Err(r) => backlog[ep].push_back(Event::Done {
-                            req,
-                            c: Completed {
-                                buf: Buf::Recv(r.buf),
-                                result: Err(match r.error {
-                                    RecvError::Closed => Error::ShutDown,
-                                    e => Error::Recv(e),
-                                }),
-                            },
-                        }),
+                        Err(r) => backlog[ep].push_back(recv_refused(req, r)),
+                    },
+                    Cmd::MRecv { req, msg, buf } => match core.post_mrecv(now, msg, buf, req.0) {
+                        Ok(id) => ids[ep][req.index()] = Some((req, id)),
+                        Err(r) => backlog[ep].push_back(recv_refused(req, r)),
                     },
                     Cmd::Cancel { req } => {
                         if let Some((r, id)) = ids[ep][req.index()] {
@@ -1263,6 +1301,9 @@ fn poll_thread(
                     }
                     Cmd::Probe { src, bits, mask } => {
                         backlog[ep].push_back(Event::Probe(probe(core, src, bits, mask)))
+                    }
+                    Cmd::MProbe { src, bits, mask } => {
+                        backlog[ep].push_back(Event::MProbe(mprobe(core, src, bits, mask)))
                     }
                     Cmd::AddPeer { addr, mac } => {
                         let r = core
@@ -1661,6 +1702,18 @@ impl Endpoint {
         !self.closed && self.shared.state.load(Ordering::Acquire) == RUNNING
     }
 
+    /// Why this endpoint takes no new work, if it does not: it was closed,
+    /// or its engine is stopping or stopped.
+    fn stopped(&self) -> Result<(), Error> {
+        if self.running() {
+            Ok(())
+        } else if self.closed {
+            Err(Error::ShutDown)
+        } else {
+            Err(self.shared.stopped_error())
+        }
+    }
+
     /// Starts sending `buf` to `dst` with `match_bits`. Registered buffers
     /// ([`SendBuf::Registered`]) go out without a copy (but for frames shorter
     /// than [`COPY_BELOW`](crate::io::COPY_BELOW), where a copy is cheaper);
@@ -1726,7 +1779,31 @@ impl Endpoint {
         mask: u64,
         buf: impl Into<RecvBuf>,
     ) -> Result<Request, Refused<RecvBuf>> {
-        let mut buf = buf.into();
+        self.submit_recv(
+            buf.into(),
+            |core, now, buf, ctx| core.post_recv(now, src, match_bits, mask, buf, ctx),
+            |req, buf| Cmd::Recv {
+                req,
+                src,
+                bits: match_bits,
+                mask,
+                buf,
+            },
+        )
+    }
+
+    /// [`submit`](Self::submit) for a receive: its buffer must be writable.
+    fn submit_recv(
+        &mut self,
+        mut buf: RecvBuf,
+        to_core: impl FnOnce(
+            &mut Core<SendBuf, RecvBuf>,
+            &mut LazyNow<'_>,
+            RecvBuf,
+            u64,
+        ) -> Result<crate::proto::RequestId, Rejected<RecvError, RecvBuf>>,
+        to_cmd: impl FnOnce(Request, RecvBuf) -> Cmd,
+    ) -> Result<Request, Refused<RecvBuf>> {
         if !buf.writable() {
             return Err(Refused {
                 error: Error::BufferBusy,
@@ -1737,18 +1814,11 @@ impl Endpoint {
             Kind::Recv,
             buf,
             |core, now, buf, ctx| {
-                core.post_recv(now, src, match_bits, mask, buf, ctx)
-                    .map_err(|r| (Error::Recv(r.error), r.buf))
+                to_core(core, now, buf, ctx).map_err(|r| (Error::Recv(r.error), r.buf))
             },
-            |req, buf| Cmd::Recv {
-                req,
-                src,
-                bits: match_bits,
-                mask,
-                buf,
-            },
+            to_cmd,
             |cmd| match cmd {
-                Cmd::Recv { buf, .. } => buf,
+                Cmd::Recv { buf, .. } | Cmd::MRecv { buf, .. } => buf,
                 _ => unreachable!("the command pushed is the one handed back"),
             },
         )
@@ -1795,12 +1865,7 @@ impl Endpoint {
         to_cmd: impl FnOnce(Request, B) -> Cmd,
         from_cmd: impl FnOnce(Cmd) -> B,
     ) -> Result<Request, Refused<B>> {
-        if !self.running() {
-            let error = if self.closed {
-                Error::ShutDown
-            } else {
-                self.shared.stopped_error()
-            };
+        if let Err(error) = self.stopped() {
             return Err(Refused { error, buf });
         }
         let req = match self.requests.alloc(kind) {
@@ -2330,19 +2395,153 @@ impl Endpoint {
         mask: u64,
         timeout: Duration,
     ) -> Result<Option<ProbeInfo>, Error> {
+        self.until_some(timeout, |ep| ep.probe(src, match_bits, mask))
+    }
+
+    /// Calls `look` until it finds something, or for `timeout`. (Inline,
+    /// a probe polls the link; with a polling thread it asks the thread, and
+    /// a park between asks is at most 1 ms.)
+    fn until_some<T>(
+        &mut self,
+        timeout: Duration,
+        mut look: impl FnMut(&mut Self) -> Result<Option<T>, Error>,
+    ) -> Result<Option<T>, Error> {
         let until = after(timeout);
         let mut spins = 0;
         loop {
-            if let Some(p) = self.probe(src, match_bits, mask)? {
-                return Ok(Some(p));
+            if let Some(found) = look(self)? {
+                return Ok(Some(found));
             }
             if Instant::now() >= until {
                 return Ok(None);
             }
-            // (Inline, `probe` polled the link; with a polling thread it
-            // asked the thread, and a park between asks is at most 1 ms.)
             self.idle(&mut spins);
         }
+    }
+
+    /// A matched probe (MPI's `Improbe`): takes the first unexpected message
+    /// that a receive with these arguments would match, so that no receive
+    /// matches it any more, and gives its handle, which
+    /// [`imrecv`](Self::imrecv) receives. It does not wait: `None` when no
+    /// such message has arrived. Unlike [`probe`](Self::probe) then
+    /// [`irecv`](Self::irecv), nothing can take the message in between (an
+    /// earlier receive that matches it too, or another thread's), so a
+    /// buffer sized by its length gets exactly it. A source that is not a
+    /// peer is refused ([`RecvError::UnknownPeer`]).
+    ///
+    /// The message may still be arriving; its sender's failure before it
+    /// came whole fails the receive posted for it. See [`Message`] for what
+    /// it holds until then.
+    pub fn mprobe(
+        &mut self,
+        src: Option<Addr>,
+        match_bits: u64,
+        mask: u64,
+    ) -> Result<Option<Message>, Error> {
+        self.stopped()?;
+        let table = self.requests.tag();
+        let found = match &mut self.mode {
+            Mode::Inline(_) => {
+                // Frames waiting in the link may hold the message probed for.
+                self.progress();
+                let Mode::Inline(d) = &mut self.mode else {
+                    unreachable!("matched above")
+                };
+                mprobe(d.core(0), src, match_bits, mask).map_err(Error::Recv)?
+            }
+            Mode::Thread(_) => match self.control(Cmd::MProbe {
+                src,
+                bits: match_bits,
+                mask,
+            })? {
+                Event::MProbe(p) => p.map_err(Error::Recv)?,
+                _ => return Err(Error::WrongKind),
+            },
+        };
+        Ok(found.map(|(id, info)| Message { id, table, info }))
+    }
+
+    /// [`mprobe`](Self::mprobe) until such a message has arrived, or for
+    /// `timeout` (`Duration::MAX`: no limit, MPI's blocking `Mprobe`):
+    /// `None` when none came by then.
+    ///
+    /// ```
+    /// # use emx::io::{MemNetwork, PacketIo};
+    /// # use emx::proto::Addr;
+    /// # use emx::runtime::{Engine, EngineConfig, PeerConfig, ProgressMode};
+    /// # use std::time::Duration;
+    /// # let (link_a, link_b) = MemNetwork::pair(1500);
+    /// # let peer = |node, mac| PeerConfig { node, endpoint: 0, mac };
+    /// # let thread = ProgressMode::Thread { core: None, spin: false };
+    /// # let cfg_a = EngineConfig { peers: vec![peer(2, link_b.mac())], progress: thread, ..EngineConfig::new(1) };
+    /// # let cfg_b = EngineConfig { peers: vec![peer(1, link_a.mac())], ..EngineConfig::new(2) };
+    /// # let (mut ea, mut eb) = (Engine::start(&cfg_a, link_a)?, Engine::start(&cfg_b, link_b)?);
+    /// # let (mut a, mut b) = (ea.endpoint()?, eb.endpoint()?);
+    /// // (The sender's engine has a polling thread: it goes on while B waits.)
+    /// a.isend(Addr::new(2, 0), 7, vec![1u8; 300]).map_err(|r| r.error)?;
+    /// // A message of a size not known in advance, which no other receive
+    /// // can take once it is probed: claim it, then receive it whole.
+    /// let m = b.mprobe_timeout(None, 7, !0, Duration::from_secs(5))?.expect("it came");
+    /// let (buf, info) = b.mrecv(m, vec![0u8; m.info.len as usize])?;
+    /// assert!(!info.truncated && buf.as_ref() == &[1u8; 300][..]);
+    /// # Ok::<(), emx::runtime::Error>(())
+    /// ```
+    pub fn mprobe_timeout(
+        &mut self,
+        src: Option<Addr>,
+        match_bits: u64,
+        mask: u64,
+        timeout: Duration,
+    ) -> Result<Option<Message>, Error> {
+        self.until_some(timeout, |ep| ep.mprobe(src, match_bits, mask))
+    }
+
+    /// Posts a receive for the message a matched probe took
+    /// ([`mprobe`](Self::mprobe)), MPI's `Imrecv`: it completes as an
+    /// [`irecv`](Self::irecv) that matched the message would (a longer
+    /// message is truncated to the buffer). If the message's sender failed
+    /// before all of it came, the receive completes with that failure
+    /// ([`Error::is_peer_unreachable`]); a message that had come whole is
+    /// received whatever became of its sender.
+    ///
+    /// A handle received before, or another endpoint's, is refused with
+    /// [`RecvError::UnknownMessage`]: another endpoint's in the call; a spent
+    /// one inline in the call and with a polling thread in the completion,
+    /// as the core's refusals of [`irecv`](Self::irecv) come. On any refusal
+    /// the message stays claimed and its handle good.
+    pub fn imrecv(
+        &mut self,
+        msg: Message,
+        buf: impl Into<RecvBuf>,
+    ) -> Result<Request, Refused<RecvBuf>> {
+        let buf = buf.into();
+        if msg.table != self.requests.tag() {
+            return Err(Refused {
+                error: Error::Recv(RecvError::UnknownMessage),
+                buf,
+            });
+        }
+        self.submit_recv(
+            buf,
+            |core, now, buf, ctx| core.post_mrecv(now, msg.id, buf, ctx),
+            |req, buf| Cmd::MRecv {
+                req,
+                msg: msg.id,
+                buf,
+            },
+        )
+    }
+
+    /// [`imrecv`](Self::imrecv) and a wait for it (MPI's `Mrecv`): the
+    /// buffer comes back when the receive succeeds, as with
+    /// [`recv`](Self::recv).
+    pub fn mrecv(
+        &mut self,
+        msg: Message,
+        buf: impl Into<RecvBuf>,
+    ) -> Result<(RecvBuf, crate::proto::RecvInfo), Error> {
+        let req = self.imrecv(msg, buf).map_err(|r| r.error)?;
+        self.wait(req)?.into_recv()
     }
 
     /// Adds a peer (its address and MAC). An endpoint of this node is

@@ -27,7 +27,7 @@ pub use node::{
     log_dpdk_to_tracing, register_memory, start_node, start_node_on, start_node_until, EalConfig,
     Hugepages, LinkConfig, Node, NodeConfig,
 };
-pub use request::{Buf, Completed, Request};
+pub use request::{Buf, Completed, Message, Request};
 
 use crate::proto::{ConfigError, PeerError, RecvError, RequestError, SendError};
 

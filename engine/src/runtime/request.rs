@@ -37,6 +37,27 @@ impl Request {
     }
 }
 
+/// A message taken by a matched probe
+/// ([`Endpoint::mprobe`](super::Endpoint::mprobe)): no receive matches it any
+/// more, and [`Endpoint::imrecv`](super::Endpoint::imrecv) (or
+/// [`mrecv`](super::Endpoint::mrecv)) on the endpoint that probed it receives
+/// it. Plain data, as a [`Request`] is: a handle used once is refused as
+/// unknown ([`RecvError::UnknownMessage`]), and so is another endpoint's.
+///
+/// Until it is received, the message keeps its room in the unexpected store
+/// and its sender's credit, as an unexpected message does: one claimed and
+/// never received holds them until the endpoint closes (receive it into an
+/// empty buffer to drop it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a claimed message holds its sender's credit until it is received"]
+pub struct Message {
+    pub(crate) id: crate::proto::MessageId,
+    /// The tag of the request table of the endpoint that claimed it.
+    pub(crate) table: u32,
+    /// Its envelope: sender, match bits and length.
+    pub info: crate::proto::ProbeInfo,
+}
+
 /// The buffer a request carried, handed back at completion.
 #[derive(Debug)]
 pub enum Buf {
@@ -192,6 +213,12 @@ impl Requests {
             pending: [0; 2],
             limit: [max_sends, max_recvs],
         }
+    }
+
+    /// This table's tag (see [`new`](Self::new)), which a [`Message`] of
+    /// its endpoint carries too.
+    pub(crate) fn tag(&self) -> u32 {
+        self.tag
     }
 
     /// The slot `r` names, if `r` is one of this table's handles.
