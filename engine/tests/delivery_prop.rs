@@ -23,6 +23,9 @@ struct Msg {
     send_at_us: u64,
     /// Receive buffer shorter than the message (exact receives only).
     trunc: bool,
+    /// Received through a matched probe (exact receives only): claimed with
+    /// `mprobe` once it is there, then received with `post_mrecv`.
+    mprobe: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,14 +72,16 @@ fn scenario(max_nodes: usize, max_msgs: usize, max_loss: f64) -> impl Strategy<V
             0u64..4,
             0u64..300,
             prop::bool::weighted(0.15),
+            prop::bool::weighted(0.3),
         )
-            .prop_map(move |(src, d, len, tag, send_at_us, trunc)| Msg {
+            .prop_map(move |(src, d, len, tag, send_at_us, trunc, mprobe)| Msg {
                 src,
                 dst: if d >= src { d + 1 } else { d },
                 len,
                 tag,
                 send_at_us,
                 trunc,
+                mprobe,
             });
         let mode = prop_oneof![Just(Mode::Exact), Just(Mode::WildAny), Just(Mode::WildSrc)];
         let link = (
@@ -141,6 +146,8 @@ struct PlannedRecv {
     /// Posting rank within its (dst, tag) class, for the order check.
     class: (usize, u64),
     cancel: bool,
+    /// Claimed by a matched probe, then received (see [`Msg::mprobe`]).
+    mprobe: bool,
 }
 
 fn run(sc: Scenario) -> Result<(), TestCaseError> {
@@ -183,6 +190,7 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
                 at_us: delays.next().unwrap(),
                 class: (m.dst, u64::MAX),
                 cancel: false,
+                mprobe: m.mprobe,
             }),
             Mode::WildAny | Mode::WildSrc => {
                 let src = (mode(m.dst, m.tag) == Mode::WildSrc).then_some(m.src);
@@ -204,6 +212,7 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
                 at_us: delays.next().unwrap(),
                 class: (dst, tag),
                 cancel: false,
+                mprobe: false,
             });
         }
     }
@@ -217,6 +226,7 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
             at_us: delays.next().unwrap(),
             class: (k % sc.n, DEAD_TAG),
             cancel: true,
+            mprobe: false,
         });
     }
     // Posting order within a class is by time, then by plan order.
@@ -227,6 +237,7 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
 
     let mut posted_rank: HashMap<usize, usize> = HashMap::new(); // plan index -> rank
     let mut recv_req = BTreeMap::new(); // ordered: cancels in plan order, as a seed replays
+    let mut probing: Vec<usize> = Vec::new(); // matched-probe receives not claimed yet
     let mut next_send = 0;
     let mut next_recv = 0;
     let mut delivered: HashMap<u64, usize> = HashMap::new(); // msg id -> plan index
@@ -247,15 +258,37 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
         {
             let i = recv_order[next_recv];
             let p = &plan[i];
+            posted_rank.insert(i, next_recv);
+            next_recv += 1;
+            if p.mprobe {
+                probing.push(i);
+                continue;
+            }
             let src = p.src.map(addr);
             let req = sim
                 .core(p.dst)
                 .post_recv(now, src, p.bits, p.mask, vec![0xEE; p.buf_len], i as u64)
                 .map_err(|e| TestCaseError::fail(format!("post_recv: {:?}", e.error)))?;
-            posted_rank.insert(i, next_recv);
             recv_req.insert(i, req);
-            next_recv += 1;
         }
+        // Matched probes: each claims its message once some of it is there
+        // (it may still be arriving), and receives it.
+        let mut claimed = Vec::new();
+        for &i in &probing {
+            let p = &plan[i];
+            if let Some((m, info)) = sim.core(p.dst).mprobe(p.src.map(addr), p.bits, p.mask) {
+                prop_assert_eq!(info.match_bits, p.bits);
+                let msg = &sc.msgs[(p.bits & 0xffff_ffff) as usize];
+                prop_assert_eq!((info.src, info.len), (addr(msg.src), msg.len as u64));
+                let req = sim
+                    .core(p.dst)
+                    .post_mrecv(now, m, vec![0xEE; p.buf_len], i as u64)
+                    .map_err(|e| TestCaseError::fail(format!("post_mrecv: {:?}", e.error)))?;
+                recv_req.insert(i, req);
+                claimed.push(i);
+            }
+        }
+        probing.retain(|i| !claimed.contains(i));
         while next_send < send_order.len()
             && Time::from_micros(sc.msgs[send_order[next_send]].send_at_us) <= now
         {
@@ -503,6 +536,7 @@ fn large_messages_heavy_loss() {
                 tag: 1,
                 send_at_us: 0,
                 trunc: false,
+                mprobe: false,
             },
             Msg {
                 src: 1,
@@ -511,6 +545,7 @@ fn large_messages_heavy_loss() {
                 tag: 1,
                 send_at_us: 0,
                 trunc: true,
+                mprobe: false,
             },
             Msg {
                 src: 0,
@@ -519,6 +554,7 @@ fn large_messages_heavy_loss() {
                 tag: 1,
                 send_at_us: 10,
                 trunc: false,
+                mprobe: false,
             },
             Msg {
                 src: 0,
@@ -527,6 +563,7 @@ fn large_messages_heavy_loss() {
                 tag: 2,
                 send_at_us: 10,
                 trunc: false,
+                mprobe: false,
             },
         ];
         let sc = Scenario {
