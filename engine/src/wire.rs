@@ -167,11 +167,18 @@ pub enum FrameType {
     Pull = 0x12,
     /// Rendezvous data answering a pull (reliable, carries payload).
     PullData = 0x13,
-    /// Rendezvous notify: the receiver has all the data it wants (reliable).
+    /// Rendezvous notify: the receiver has all the data it wants (reliable);
+    /// with [`flags::WITHDRAWN`], it dropped the message unmatched, as a
+    /// WITHDRAW asked.
     Notify = 0x14,
     /// Several whole eager messages in one frame (reliable, carries their records; see
     /// the module docs).
     Pack = 0x15,
+    /// Rendezvous withdraw: the sender asks the receiver to drop message `message id`
+    /// (announced, acknowledged, never pulled) if no receive took it yet (reliable). The
+    /// receiver answers with a NOTIFY, [`flags::WITHDRAWN`] if it dropped the message;
+    /// one that a receive took already is pulled as usual.
+    Withdraw = 0x16,
 }
 
 impl FrameType {
@@ -187,6 +194,7 @@ impl FrameType {
             0x13 => Self::PullData,
             0x14 => Self::Notify,
             0x15 => Self::Pack,
+            0x16 => Self::Withdraw,
             _ => return None,
         })
     }
@@ -290,8 +298,11 @@ pub mod flags {
     pub const CSUM_PAYLOAD: u8 = 0x02;
     /// The sender asks for an immediate acknowledgement (keepalive probe, handshake).
     pub const ACK_REQ: u8 = 0x04;
+    /// On a NOTIFY only: the receiver dropped the message unmatched, as its sender's
+    /// WITHDRAW asked (the send ends cancelled).
+    pub const WITHDRAWN: u8 = 0x08;
     /// All flag bits this version defines.
-    pub const ALL: u8 = CSUM_HEADER | CSUM_PAYLOAD | ACK_REQ;
+    pub const ALL: u8 = CSUM_HEADER | CSUM_PAYLOAD | ACK_REQ | WITHDRAWN;
 }
 
 /// Why a received frame was dropped (a frame-level protocol violation or a frame that is
@@ -774,7 +785,7 @@ impl Header {
 
     #[inline]
     fn validate(&self, ft: FrameType) -> Result<(), DropReason> {
-        if self.src_epoch == 0 {
+        if self.src_epoch == 0 || (self.flags & flags::WITHDRAWN != 0 && ft != FrameType::Notify) {
             return Err(DropReason::Malformed);
         }
         if !ft.has_payload() && self.payload_len != 0 {
@@ -839,7 +850,7 @@ impl Header {
                     return Err(DropReason::BadLength);
                 }
             }
-            FrameType::Hello | FrameType::Ack | FrameType::Notify => {
+            FrameType::Hello | FrameType::Ack | FrameType::Notify | FrameType::Withdraw => {
                 if self.frag_offset != 0 || self.msg_len != 0 {
                     return Err(DropReason::Malformed);
                 }

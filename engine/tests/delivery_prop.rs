@@ -26,6 +26,10 @@ struct Msg {
     /// Received through a matched probe (exact receives only): claimed with
     /// `mprobe` once it is there, then received with `post_mrecv`.
     mprobe: bool,
+    /// Its send is cancelled this many microseconds after it was sent (only
+    /// a rendezvous one with an exact receive: it is withdrawn if that
+    /// receive did not take it first, and the receive is then cancelled).
+    withdraw: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,16 +77,20 @@ fn scenario(max_nodes: usize, max_msgs: usize, max_loss: f64) -> impl Strategy<V
             0u64..300,
             prop::bool::weighted(0.15),
             prop::bool::weighted(0.3),
+            prop_oneof![3 => Just(None), 1 => (0u64..400).prop_map(Some)],
         )
-            .prop_map(move |(src, d, len, tag, send_at_us, trunc, mprobe)| Msg {
-                src,
-                dst: if d >= src { d + 1 } else { d },
-                len,
-                tag,
-                send_at_us,
-                trunc,
-                mprobe,
-            });
+            .prop_map(
+                move |(src, d, len, tag, send_at_us, trunc, mprobe, withdraw)| Msg {
+                    src,
+                    dst: if d >= src { d + 1 } else { d },
+                    len,
+                    tag,
+                    send_at_us,
+                    trunc,
+                    mprobe,
+                    withdraw,
+                },
+            );
         let mode = prop_oneof![Just(Mode::Exact), Just(Mode::WildAny), Just(Mode::WildSrc)];
         let link = (
             0.0..=max_loss,
@@ -179,7 +187,17 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
     let mut plan: Vec<PlannedRecv> = Vec::new();
     let mut delays = sc.recv_delays.iter().copied().cycle();
     let mut classes: BTreeMap<(usize, u64, Option<usize>), (usize, usize)> = BTreeMap::new();
+    // Message id -> the plan index of its exact receive, and when its send
+    // is cancelled.
+    let mut exact_recv: HashMap<usize, usize> = HashMap::new();
+    let mut withdraw_at: BTreeMap<usize, u64> = BTreeMap::new();
     for (id, m) in sc.msgs.iter().enumerate() {
+        if mode(m.dst, m.tag) == Mode::Exact {
+            exact_recv.insert(id, plan.len());
+            if let Some(d) = m.withdraw.filter(|_| m.len as u64 > cfg.eager_threshold) {
+                withdraw_at.insert(id, m.send_at_us + d);
+            }
+        }
         match mode(m.dst, m.tag) {
             Mode::Exact => plan.push(PlannedRecv {
                 dst: m.dst,
@@ -238,6 +256,9 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
     let mut posted_rank: HashMap<usize, usize> = HashMap::new(); // plan index -> rank
     let mut recv_req = BTreeMap::new(); // ordered: cancels in plan order, as a seed replays
     let mut probing: Vec<usize> = Vec::new(); // matched-probe receives not claimed yet
+    let mut send_req = HashMap::new(); // msg id -> its send's handle
+    let mut withdrawn = HashSet::new(); // msg ids whose sends ended cancelled
+    let mut unposted = HashSet::new(); // receives of withdrawn messages not posted
     let mut next_send = 0;
     let mut next_recv = 0;
     let mut delivered: HashMap<u64, usize> = HashMap::new(); // msg id -> plan index
@@ -260,6 +281,9 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
             let p = &plan[i];
             posted_rank.insert(i, next_recv);
             next_recv += 1;
+            if unposted.contains(&i) {
+                continue;
+            }
             if p.mprobe {
                 probing.push(i);
                 continue;
@@ -294,7 +318,8 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
         {
             let id = send_order[next_send];
             let m = &sc.msgs[id];
-            sim.core(m.src)
+            let req = sim
+                .core(m.src)
                 .send(
                     now,
                     addr(m.dst),
@@ -303,7 +328,18 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
                     id as u64,
                 )
                 .map_err(|e| TestCaseError::fail(format!("send: {:?}", e.error)))?;
+            send_req.insert(id, req);
             next_send += 1;
+        }
+        // Cancel the sends due for it (it is the receiver's to grant).
+        let due: Vec<usize> = withdraw_at
+            .iter()
+            .filter(|&(_, &at)| Time::from_micros(at) <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            withdraw_at.remove(&id);
+            let _ = sim.core(sc.msgs[id].src).cancel(send_req[&id]);
         }
         // Cancel the dead-tag receives a while after they were posted, once:
         // no message can match them, so the cancel must be taken.
@@ -318,6 +354,23 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
         }
         for (core, c) in drain(&mut sim) {
             match c {
+                Completion::Send(s) if s.result == Err(RequestError::Cancelled) => {
+                    // Withdrawn: its receive never gets it, and is cancelled
+                    // (it cannot have matched), or never posted.
+                    let id = s.ctx as usize;
+                    prop_assert!(sc.msgs[id].withdraw.is_some(), "send {} cancelled", id);
+                    prop_assert!(sends_done.insert(id), "send {} completed twice", id);
+                    withdrawn.insert(id);
+                    let i = exact_recv[&id];
+                    if let Some(&req) = recv_req.get(&i) {
+                        let taken = sim.core(plan[i].dst).cancel(req);
+                        prop_assert!(taken, "the receive of withdrawn message {} matched", id);
+                    } else {
+                        probing.retain(|&j| j != i);
+                        unposted.insert(i);
+                        cancelled += 1;
+                    }
+                }
                 Completion::Send(s) => {
                     if let Err(e) = s.result {
                         failure.get_or_insert(format!("send {} failed: {e}", s.ctx));
@@ -331,7 +384,9 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
                     let p = &plan[i];
                     prop_assert_eq!(p.dst, core);
                     recv_req.remove(&i);
-                    if p.cancel {
+                    let of_withdrawn = p.class.1 == u64::MAX
+                        && withdrawn.contains(&((p.bits & 0xffff_ffff) as usize));
+                    if p.cancel || of_withdrawn {
                         prop_assert_eq!(r.result, Err(RequestError::Cancelled));
                         cancelled += 1;
                         continue;
@@ -402,6 +457,7 @@ fn run(sc: Scenario) -> Result<(), TestCaseError> {
                 .filter(|&&i| plan[i].cancel && !cancel_asked.contains(&i))
                 .map(|&i| Time::from_micros(plan[i].at_us + 50))
                 .min(),
+            withdraw_at.values().min().map(|&t| Time::from_micros(t)),
         ]
         .into_iter()
         .flatten()
@@ -537,6 +593,7 @@ fn large_messages_heavy_loss() {
                 send_at_us: 0,
                 trunc: false,
                 mprobe: false,
+                withdraw: None,
             },
             Msg {
                 src: 1,
@@ -546,6 +603,7 @@ fn large_messages_heavy_loss() {
                 send_at_us: 0,
                 trunc: true,
                 mprobe: false,
+                withdraw: None,
             },
             Msg {
                 src: 0,
@@ -555,6 +613,7 @@ fn large_messages_heavy_loss() {
                 send_at_us: 10,
                 trunc: false,
                 mprobe: false,
+                withdraw: None,
             },
             Msg {
                 src: 0,
@@ -564,6 +623,7 @@ fn large_messages_heavy_loss() {
                 send_at_us: 10,
                 trunc: false,
                 mprobe: false,
+                withdraw: None,
             },
         ];
         let sc = Scenario {

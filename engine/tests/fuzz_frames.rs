@@ -33,6 +33,7 @@ fn frame_type() -> impl Strategy<Value = FrameType> {
         Just(FrameType::PullData),
         Just(FrameType::Notify),
         Just(FrameType::Pack),
+        Just(FrameType::Withdraw),
     ]
 }
 
@@ -56,6 +57,10 @@ fn shaped_header() -> impl Strategy<Value = Header> {
     );
     (free_header(), shape).prop_map(|(mut h, (unit, len, k, plen))| {
         h.flags &= flags::ALL;
+        if h.frame_type != FrameType::Notify {
+            // (Only a NOTIFY may say its message was withdrawn.)
+            h.flags &= !flags::WITHDRAWN;
+        }
         h.frag_unit = 0;
         h.frag_offset = 0;
         h.payload_len = 0;
@@ -64,7 +69,7 @@ fn shaped_header() -> impl Strategy<Value = Header> {
                 h.seq = 0;
                 h.msg_len = 0;
             }
-            FrameType::Notify => h.msg_len = 0,
+            FrameType::Notify | FrameType::Withdraw => h.msg_len = 0,
             FrameType::Eager => {
                 // Fragment k of a message of `len` bytes in `unit`s.
                 let unit64 = u64::from(unit);
@@ -332,7 +337,9 @@ fn the_header_generator_reaches_every_frame_type() {
         }
     }
     assert!(ok * 2 > n, "{ok} of {n} headers parse: {parsed:?}");
-    for ft in ["Hello", "Ack", "Eager", "Rts", "Pull", "PullData", "Notify"] {
+    for ft in [
+        "Hello", "Ack", "Eager", "Rts", "Pull", "PullData", "Notify", "Withdraw",
+    ] {
         let got = parsed.get(ft).copied().unwrap_or(0);
         assert!(got >= n / 40, "{got} {ft} headers of {n} parse: {parsed:?}");
     }

@@ -352,8 +352,8 @@ fn probe_cancel_and_stale_handles() {
     for mode in [ProgressMode::Inline, thread_mode()] {
         let (_ea, _eb, mut a, mut b) = joined(&mode);
         let s = a.isend(Addr::new(2, 0), 42, vec![9u8; 100]).unwrap();
-        // Sends are not cancelled, in either mode (a polling thread's
-        // endpoint used to say it queued the cancel).
+        // An eager send is not cancelled, in either mode (a polling
+        // thread's endpoint used to say it queued the cancel).
         assert!(!a.cancel(s).unwrap(), "{mode:?}");
         // Unexpected at b until a receive is posted: probe sees it.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -534,6 +534,59 @@ fn a_matched_probe_keeps_its_message_for_its_receive() {
             matches!(b.mprobe(None, 0, 0), Err(Error::ShutDown)),
             "{mode:?}"
         );
+    }
+}
+
+/// Cancelling sends, in both modes: a rendezvous send its receiver never
+/// took is withdrawn and ends `Cancelled` (the receiver drops it); an eager
+/// one cannot be taken back.
+#[test]
+fn a_rendezvous_send_nobody_takes_is_withdrawn() {
+    for mode in [ProgressMode::Inline, thread_mode()] {
+        let (_ea, _eb, mut a, mut b) = joined(&mode);
+        let to_b = Addr::new(2, 0);
+        let eager = a.isend(to_b, 1, data(1, 100)).unwrap();
+        assert!(!a.cancel(eager).unwrap(), "{mode:?}: an eager send");
+        let big = a.isend(to_b, 2, data(2, 200_000)).unwrap();
+        // B hears of it (its RTS), and takes nothing.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while b.probe(None, 2, u64::MAX).unwrap().is_none() {
+            a.progress();
+            assert!(Instant::now() < deadline, "{mode:?}: no RTS");
+        }
+        assert!(a.cancel(big).unwrap(), "{mode:?}");
+        let done = loop {
+            b.progress();
+            if let Some(c) = a.test(big).unwrap() {
+                break c;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{mode:?}: the cancel never ended"
+            );
+        };
+        let Buf::Send(buf) = done.buf else {
+            panic!("a send's buffer")
+        };
+        assert_eq!(
+            buf.as_ref().len(),
+            200_000,
+            "{mode:?}: the buffer comes back"
+        );
+        assert!(
+            done.result.as_ref().is_err_and(Error::is_cancelled),
+            "{mode:?}: {:?}",
+            done.result
+        );
+        assert!(b.probe(None, 2, u64::MAX).unwrap().is_none(), "{mode:?}");
+        // The eager one was the receiver's all along.
+        let (got, _) = b.recv(None, 1, u64::MAX, vec![0u8; 100]).unwrap();
+        assert_eq!(got.as_ref(), &data(1, 100)[..], "{mode:?}");
+        while !a.is_done(eager).unwrap() {
+            a.progress();
+            b.progress();
+        }
+        a.take(eager).unwrap().unwrap().into_send().unwrap();
     }
 }
 

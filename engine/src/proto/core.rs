@@ -183,9 +183,33 @@ pub(crate) struct SendSlot<S> {
     pub(crate) pull_limit: u64,
     pub(crate) sent_upto: u64,
     pub(crate) in_pulls: bool,
+    /// Rendezvous: where a cancel (a WITHDRAW) stands.
+    pub(crate) withdraw: Withdraw,
+}
+
+/// Where the cancel of a rendezvous send stands (see [`Core::cancel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Withdraw {
+    /// Not asked.
+    No,
+    /// Asked; its WITHDRAW leaves once the RTS is acknowledged (a WITHDRAW
+    /// that overtook its RTS would find nothing to withdraw).
+    Wanted,
+    /// Its WITHDRAW is queued or left: the receiver's NOTIFY says what came
+    /// of it.
+    Sent,
+    /// The receiver dropped the message: the send ends cancelled.
+    Done,
 }
 
 impl<S> SendSlot<S> {
+    /// A rendezvous send whose RTS was acknowledged and nothing of which was
+    /// pulled yet.
+    #[inline]
+    pub(crate) fn rts_acknowledged(&self) -> bool {
+        self.rndv && self.first_pass_done && self.inflight == 0 && self.pull_limit == 0
+    }
+
     /// The credit this send costs its receiver's unexpected store.
     #[inline]
     pub(crate) fn charge(&self) -> u32 {
@@ -259,6 +283,10 @@ pub(crate) enum MsgState {
     /// receive that [`Core::post_mrecv`] posts for it fails with this. It
     /// keeps its charge (as a kept message does) and no store.
     ClaimFailed(RequestError),
+    /// A rendezvous message its sender withdrew while it waited for an
+    /// earlier one (see `Core::on_withdraw`): passed by, and freed, when its
+    /// turn to match comes.
+    Withdrawn,
 }
 
 /// The envelope of an incoming message that is not finished yet.
@@ -420,7 +448,7 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     /// NOTIFYs (peer, message id) that found the frame table full, queued the
     /// same way. While NOTIFYs or pulls wait, RTSes are refused, so this holds
     /// at most one NOTIFY per rendezvous envelope there was when it began.
-    pub(crate) starved_notifies: VecDeque<(u16, u32)>,
+    pub(crate) starved_notifies: VecDeque<(u16, u32, bool)>,
     /// Peers whose window had room for a new frame when the table had none
     /// (each once): put back on the transmit queue once frames are free, as
     /// only their own frames or timers would otherwise.
@@ -509,6 +537,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 pull_limit: 0,
                 sent_upto: 0,
                 in_pulls: false,
+                withdraw: Withdraw::No,
             })
             .collect();
         let recvs = (0..cfg.max_recvs)
@@ -807,6 +836,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         s.pull_limit = 0;
         s.sent_upto = 0;
         s.in_pulls = false;
+        s.withdraw = Withdraw::No;
         let gen = s.gen;
         if rndv {
             self.rndv_map.insert(msg_key(p, msg_id), i);
@@ -1119,12 +1149,26 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         None
     }
 
-    /// Cancels a posted receive that has not matched yet; it completes with
-    /// [`RequestError::Cancelled`]. Returns false when the request is not such a receive
-    /// (already matched, completed, or a send: sends cannot be cancelled).
+    /// Cancels a request that its peer has not taken yet; it then completes with
+    /// [`RequestError::Cancelled`].
+    ///
+    /// - A posted receive that has not matched completes at once.
+    /// - A rendezvous send (longer than the eager threshold) that its receiver has not
+    ///   pulled from is withdrawn: a WITHDRAW follows its RTS once the RTS is
+    ///   acknowledged, and the receiver drops the message if no receive took it (nor a
+    ///   matched probe), and says so. The send then completes with `Cancelled`; if a
+    ///   receive took the message first, it is pulled and the send succeeds as usual.
+    ///
+    /// Returns false when the request cannot be cancelled: a receive already matched
+    /// or completed, an eager send (it is the receiver's once it left), a rendezvous
+    /// send that was pulled from or whose cancel was asked already, or (rarely) when
+    /// no frame is free for the WITHDRAW now: ask again later.
     #[must_use]
     pub fn cancel(&mut self, req: RequestId) -> bool {
-        if !req.is_recv() || req.index() >= self.recvs.len() {
+        if !req.is_recv() {
+            return self.withdraw(req);
+        }
+        if req.index() >= self.recvs.len() {
             return false;
         }
         let r = req.index() as u32;
@@ -1134,6 +1178,56 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         self.recv_links.remove(&mut self.posted, r);
         self.complete_recv(r, Err(RequestError::Cancelled));
+        true
+    }
+
+    /// [`cancel`](Self::cancel) for a send.
+    fn withdraw(&mut self, req: RequestId) -> bool {
+        let i = req.index() as u32;
+        let Some(s) = self.sends.get(i as usize) else {
+            return false;
+        };
+        if s.gen != req.gen()
+            || s.buf.is_none()
+            || !s.rndv
+            || s.notified
+            || s.pull_limit != 0
+            || s.withdraw != Withdraw::No
+        {
+            return false;
+        }
+        if !s.rts_acknowledged() {
+            // Its RTS has not left, or is not acknowledged yet.
+            self.sends[i as usize].withdraw = Withdraw::Wanted;
+            return true;
+        }
+        self.send_withdraw(i)
+    }
+
+    /// Queues the WITHDRAW of rendezvous send `i`; false when the frame table
+    /// has no room for it.
+    pub(crate) fn send_withdraw(&mut self, i: u32) -> bool {
+        let Some(f) = self.frame_free.alloc() else {
+            return false;
+        };
+        let s = &mut self.sends[i as usize];
+        s.withdraw = Withdraw::Sent;
+        let (p, msg_id) = (s.peer, s.msg_id);
+        self.frames[f as usize] = TxFrame {
+            seq: 0,
+            kind: FrameType::Withdraw,
+            lost: false,
+            retx: 0,
+            sent_at: Time::ZERO,
+            slot: NIL,
+            msg_id,
+            offset: 0,
+            len: 0,
+        };
+        self.frame_links
+            .push_back(&mut self.peers[p as usize].ctrl, f);
+        self.touch(p);
+        self.mark_ready(p);
         true
     }
 
@@ -1148,7 +1242,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// it is closing: [`begin_close`](Self::begin_close)). Unexpected
     /// messages are not requests: they stay for later receives.
     ///
-    /// What the peers see, since the wire has no frame that withdraws a message:
+    /// What the peers see (an abort withdraws nothing: a shutdown sends no more than
+    /// it must, and [`cancel`](Self::cancel) is what withdraws a message):
     /// - a send nothing of which left yet is withdrawn for good (its message id is given
     ///   back, so the peer's in-order matching does not wait for it);
     /// - a rendezvous receive that was pulling sends NOTIFY, so that its sender stops and
@@ -1190,7 +1285,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 peer.recvs_aborted_below = Some(peer.next_match);
                 if msg.rndv {
                     // The sender completes its send on NOTIFY, not on data alone.
-                    self.queue_notify(msg.peer, msg.msg_id);
+                    self.queue_notify(msg.peer, msg.msg_id, false);
                 }
             }
             self.complete_recv(r, Err(RequestError::Aborted));
@@ -1484,7 +1579,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let done =
             s.inflight == 0 && s.first_pass_done && (!s.rndv || s.notified) && s.buf.is_some();
         if done {
-            self.complete_send(i, Ok(()));
+            let result = match s.withdraw {
+                Withdraw::Done => Err(RequestError::Cancelled),
+                _ => Ok(()),
+            };
+            self.complete_send(i, result);
+        } else if s.withdraw == Withdraw::Wanted && s.rts_acknowledged() {
+            self.send_withdraw(i);
         }
     }
 
@@ -1854,6 +1955,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             FrameType::Rts => self.check_rts(p, h),
             FrameType::Pull | FrameType::Notify => self.check_pull_or_notify(p, ft, h),
             FrameType::PullData => self.check_pull_data(p, h),
+            FrameType::Withdraw => self.check_withdraw(p, h),
             FrameType::Hello | FrameType::Ack => Ok(()),
         }
     }
@@ -1866,6 +1968,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             FrameType::Pull => self.on_pull(p, h),
             FrameType::PullData => self.on_pull_data(p, h, payload),
             FrameType::Notify => self.on_notify(p, h),
+            FrameType::Withdraw => self.on_withdraw(now, p, h),
             FrameType::Hello | FrameType::Ack => {}
         }
     }
@@ -2342,6 +2445,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                 h.frag_offset = f.offset;
                 h.msg_len = f.len as u64;
             }
+            FrameType::Notify if f.len != 0 => h.flags |= flags::WITHDRAWN,
             FrameType::Pack => {
                 // The records, written in place behind the header (the messages
                 // are still queued, side by side, from `slot` on).

@@ -369,11 +369,17 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             let Some(&m) = self.msg_map.get(&msg_key(p, next)) else {
                 break;
             };
-            if self.msgs[m as usize].state != MsgState::Waiting {
+            let state = self.msgs[m as usize].state;
+            if state != MsgState::Waiting && state != MsgState::Withdrawn {
                 break;
             }
             self.peers[p as usize].next_match = next.wrapping_add(1);
-            self.match_in_turn(now, p, m);
+            if state == MsgState::Withdrawn {
+                // Its sender withdrew it (and was told): nothing takes it.
+                self.free_msg(m);
+            } else {
+                self.match_in_turn(now, p, m);
+            }
         }
     }
 

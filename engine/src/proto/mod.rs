@@ -715,7 +715,8 @@ impl<E: std::error::Error + 'static, B> std::error::Error for Rejected<E, B> {
 /// frame-level protocol violation: those are [`DropReason`]s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
-    /// The receive was cancelled before it matched.
+    /// Cancelled ([`Core::cancel`]): a receive before it matched, or a
+    /// rendezvous send that its receiver dropped unmatched when withdrawn.
     #[error("cancelled")]
     Cancelled,
     /// The peer stayed silent past the deadline.

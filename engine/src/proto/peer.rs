@@ -412,6 +412,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
                     }
                 }
                 MsgState::ClaimFailed(_) => {}
+                MsgState::Withdrawn => self.free_msg(m),
             }
             m = next;
         }

@@ -18,12 +18,12 @@
 //! [`PayloadRef`]: super::PayloadRef
 //! [`CoreConfig::effective_pull_block`]: super::CoreConfig::effective_pull_block
 
-use super::core::{msg_key, Core, MsgState, TxFrame};
+use super::core::{msg_key, Core, MsgState, TxFrame, Withdraw};
 use super::matching::rts_charge;
 use super::slab::NIL;
 use super::Time;
 use super::{CoreOnly, RecvBuffer};
-use crate::wire::{DropReason, FrameType, Header};
+use crate::wire::{flags, DropReason, FrameType, Header};
 
 /// Frames an RTS leaves free in the table beyond its own pulls and NOTIFY:
 /// the slack the table has on top of every window and receive (see
@@ -76,7 +76,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         slot.pull.wanted = msg.len.min(slot.buf_len);
         slot.pull.unit = u32::from(msg.unit);
         if slot.pull.wanted == 0 {
-            self.queue_notify(msg.peer, msg.msg_id);
+            self.queue_notify(msg.peer, msg.msg_id, false);
             let info = self.recv_info(&msg, r);
             self.complete_recv(r, Ok(info));
             return;
@@ -161,12 +161,12 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.peers[p as usize].frame_starved = false;
             self.mark_ready(p);
         }
-        while let Some(&(p, msg_id)) = self.starved_notifies.front() {
+        while let Some(&(p, msg_id, withdrawn)) = self.starved_notifies.front() {
             let Some(i) = self.frame_free.alloc() else {
                 return;
             };
             self.starved_notifies.pop_front();
-            self.push_notify(i, p, msg_id);
+            self.push_notify(i, p, msg_id, withdrawn);
         }
         while self.frame_free.available() > 0 {
             let Some(r) = self.recv_links.pop_front(&mut self.starved_pulls) else {
@@ -181,28 +181,31 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// starts over, and a new session's message ids are not the old ones.
     pub(crate) fn drop_starved_notifies(&mut self, p: u16) {
         if !self.starved_notifies.is_empty() {
-            self.starved_notifies.retain(|&(q, _)| q != p);
+            self.starved_notifies.retain(|&(q, _, _)| q != p);
         }
     }
 
-    pub(crate) fn queue_notify(&mut self, p: u16, msg_id: u32) {
+    /// Queues NOTIFY for message `msg_id` of peer `p`: the receiver has what
+    /// it wants of it, or (`withdrawn`) dropped it as a WITHDRAW asked.
+    pub(crate) fn queue_notify(&mut self, p: u16, msg_id: u32, withdrawn: bool) {
         let Some(i) = self.frame_free.alloc() else {
             // Every NOTIFY waiting is for an envelope that was there when the
             // table filled (RTSes are refused meanwhile): fewer than the
             // envelope table holds.
             if self.starved_notifies.len() < self.msg_free.size() {
-                self.starved_notifies.push_back((p, msg_id));
+                self.starved_notifies.push_back((p, msg_id, withdrawn));
             } else {
                 self.stats.internal_errors += 1;
                 debug_assert!(false, "more NOTIFYs waiting than envelopes");
             }
             return;
         };
-        self.push_notify(i, p, msg_id);
+        self.push_notify(i, p, msg_id, withdrawn);
     }
 
-    /// Queues NOTIFY for message `msg_id` of peer `p` in frame `i`.
-    fn push_notify(&mut self, i: u32, p: u16, msg_id: u32) {
+    /// Queues NOTIFY for message `msg_id` of peer `p` in frame `i` (its `len`
+    /// is 1 for one that says `withdrawn`).
+    fn push_notify(&mut self, i: u32, p: u16, msg_id: u32, withdrawn: bool) {
         self.frames[i as usize] = TxFrame {
             seq: 0,
             kind: FrameType::Notify,
@@ -212,7 +215,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             slot: NIL,
             msg_id,
             offset: 0,
-            len: 0,
+            len: u32::from(withdrawn),
         };
         let peer = &mut self.peers[p as usize];
         self.frame_links.push_back(&mut peer.ctrl, i);
@@ -303,7 +306,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
         let (received, wanted) = (pull.received, pull.wanted);
         if received >= wanted {
-            self.queue_notify(p, msg.msg_id);
+            self.queue_notify(p, msg.msg_id, false);
             self.msgs[m as usize].received = received;
             let info = self.recv_info(&msg, r);
             self.complete_recv(r, Ok(info));
@@ -336,6 +339,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         if !s.first_pass_done || (ft == FrameType::Pull && h.frag_offset + h.msg_len > s.len) {
             return Err(DropReason::Protocol);
         }
+        // Withdrawn only as asked, and never after a pull.
+        if h.flags & flags::WITHDRAWN != 0 && (s.withdraw != Withdraw::Sent || s.pull_limit != 0) {
+            return Err(DropReason::Protocol);
+        }
         Ok(())
     }
 
@@ -361,12 +368,56 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         };
         let s = &mut self.sends[i as usize];
         s.notified = true;
+        if h.flags & flags::WITHDRAWN != 0 {
+            s.withdraw = Withdraw::Done;
+        }
         if s.in_pulls {
             s.in_pulls = false;
             let peer = &mut self.peers[p as usize];
             self.pull_links.remove(&mut peer.pulls, i);
         }
         self.maybe_complete_send(i);
+    }
+
+    /// Checks a WITHDRAW from `p`: for a rendezvous message it announced, or one
+    /// already done with (matched and finished, or its receive aborted). Its
+    /// sender sends it only once its RTS was acknowledged, so a message it names
+    /// that was never announced is a lie.
+    pub(crate) fn check_withdraw(&self, p: u16, h: &Header) -> Result<(), DropReason> {
+        match self.msg_map.get(&msg_key(p, h.msg_id)) {
+            Some(&m) if !self.msgs[m as usize].rndv => Err(DropReason::Protocol),
+            Some(_) => Ok(()),
+            None if (h.msg_id.wrapping_sub(self.peers[p as usize].next_match) as i32) < 0 => Ok(()),
+            None => Err(DropReason::Protocol),
+        }
+    }
+
+    /// A WITHDRAW from `p`: its message is dropped, and NOTIFY says so, if no
+    /// receive (nor a matched probe) took it; otherwise it goes on as it was
+    /// (the receive pulls it, and its NOTIFY completes the send).
+    pub(crate) fn on_withdraw(&mut self, now: Time, p: u16, h: &Header) {
+        let Some(&m) = self.msg_map.get(&msg_key(p, h.msg_id)) else {
+            return; // done with already: its NOTIFY went
+        };
+        match self.msgs[m as usize].state {
+            MsgState::Unexpected => {
+                self.msg_links.remove(&mut self.unexpected, m);
+                self.release_charge(now, m);
+                self.free_msg(m);
+            }
+            MsgState::Waiting => {
+                // Behind a message still missing: its turn to match comes,
+                // and passes it by (see `advance_matching`).
+                self.release_charge(now, m);
+                self.msgs[m as usize].state = MsgState::Withdrawn;
+            }
+            MsgState::Bound
+            | MsgState::Claimed
+            | MsgState::ClaimFailed(_)
+            | MsgState::Withdrawn => return,
+        }
+        self.stats.withdrawn += 1;
+        self.queue_notify(p, h.msg_id, true);
     }
 
     /// The next PULL_DATA frame of peer `p`, if some send has pulled data to send.

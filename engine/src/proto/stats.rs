@@ -60,6 +60,9 @@ pub struct CoreStats {
     /// for their turn): a message a posted receive takes as it comes
     /// counts none.
     pub unexpected_high_water: u64,
+    /// Rendezvous messages dropped unmatched because their sender withdrew
+    /// them (a cancelled send).
+    pub withdrawn: u64,
     /// Times the core found a state its own checks rule out (a table full
     /// that its accounting said had room) and dropped the frame or request
     /// at hand. Always 0 unless the core has a bug: a debug build panics

@@ -769,6 +769,8 @@ pub struct Engine {
     /// The core's `max_sends` and `max_recvs`, which each endpoint's request
     /// table enforces.
     limits: (usize, usize),
+    /// The core's eager threshold: longer sends are rendezvous ones.
+    eager_threshold: u64,
     clock: Clock,
     epoch: u32,
 }
@@ -876,6 +878,7 @@ impl Engine {
             taken: vec![false; locals.len()],
             locals,
             limits: (core_cfg.max_sends, core_cfg.max_recvs),
+            eager_threshold: core_cfg.eager_threshold,
             clock,
             epoch,
         };
@@ -975,6 +978,7 @@ impl Engine {
             clock: self.clock,
             local: self.locals[ep],
             eager_spins: Endpoint::THREAD_EAGER_SPINS,
+            eager_threshold: self.eager_threshold,
         })
     }
 
@@ -1551,6 +1555,9 @@ pub struct Endpoint {
     /// Idle polls the current wait makes on a polling thread's rings before
     /// it parks (see [`Endpoint::idle`]).
     eager_spins: u32,
+    /// The core's eager threshold: sends longer than this are rendezvous
+    /// ones, which a cancel may withdraw.
+    eager_threshold: u64,
 }
 
 /// A refused request: why, and the buffer back.
@@ -1748,9 +1755,12 @@ impl Endpoint {
         match_bits: u64,
         buf: impl Into<SendBuf>,
     ) -> Result<Request, Refused<SendBuf>> {
-        self.submit(
+        let buf = buf.into();
+        // (What `cancel` may withdraw.)
+        let rndv = buf.as_ref().len() as u64 > self.eager_threshold;
+        let req = self.submit(
             Kind::Send,
-            buf.into(),
+            buf,
             |core, now, buf, ctx| {
                 core.send(now, dst, match_bits, buf, ctx)
                     .map_err(|r| (Error::Send(r.error), r.buf))
@@ -1765,7 +1775,11 @@ impl Endpoint {
                 Cmd::Send { buf, .. } => buf,
                 _ => unreachable!("the command pushed is the one handed back"),
             },
-        )
+        )?;
+        if rndv {
+            self.requests.set_rndv(req);
+        }
+        Ok(req)
     }
 
     /// Posts a receive for a message from `src` (any source when `None`) whose
@@ -2285,15 +2299,24 @@ impl Endpoint {
         self.wait(req)?.into_recv()
     }
 
-    /// Cancels a posted receive that has not matched yet; it completes with
-    /// `Cancelled`. Returns whether it could still be cancelled (inline) or
-    /// the cancel was handed on (polling thread). `false` in both modes for
-    /// a send (sends are not cancelled) and for a request that finished
-    /// already. With a polling thread, `true` says only that the cancel was
-    /// queued (the receive may match before the thread sees it, or the
-    /// engine may stop); the completion says what came of it.
+    /// Cancels a request its peer has not taken yet; it then completes with
+    /// `Cancelled` ([`Error::is_cancelled`]). A posted receive that has not
+    /// matched is cancelled at once. A rendezvous send (longer than the eager
+    /// threshold) whose receiver has not started pulling it is withdrawn: its
+    /// receiver drops the message if no receive took it yet, and says so, a
+    /// round trip later; if a receive took it first, the send goes on and
+    /// succeeds (see [`Core::cancel`](crate::proto::Core::cancel)). An eager
+    /// send cannot be cancelled: it is its receiver's once it left.
+    ///
+    /// Returns whether it could still be cancelled (inline: `true` for a send
+    /// means its withdrawal started) or the cancel was handed on (polling
+    /// thread); `false` in both modes for an eager send and for a request
+    /// that finished already. With a polling thread, `true` says only that
+    /// the cancel was queued (the receive may match before the thread sees
+    /// it, the send's receiver may pull it first, or the engine may stop);
+    /// the completion says what came of it.
     pub fn cancel(&mut self, req: Request) -> Result<bool, Error> {
-        if self.requests.is_done(req)? || self.requests.is_send(req) == Some(true) {
+        if self.requests.is_done(req)? || self.requests.is_eager_send(req) {
             return Ok(false);
         }
         match &mut self.mode {

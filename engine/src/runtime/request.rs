@@ -163,6 +163,8 @@ struct Slot {
     kind: Kind,
     /// The core's id for it, once the core took it (for cancel).
     core: Option<RequestId>,
+    /// A rendezvous send (which a cancel may withdraw).
+    rndv: bool,
 }
 
 pub(crate) struct Requests {
@@ -206,6 +208,7 @@ impl Requests {
                     state: State::Free,
                     kind: Kind::Send,
                     core: None,
+                    rndv: false,
                 })
                 .collect(),
             free: (0..n as u32).rev().collect(),
@@ -247,6 +250,7 @@ impl Requests {
         std::mem::forget(old);
         s.core = None;
         s.kind = kind;
+        s.rndv = false;
         self.pending[kind as usize] += 1;
         Ok(Request::new(self.tag, i, s.gen))
     }
@@ -315,12 +319,18 @@ impl Requests {
         }
     }
 
-    /// Whether the live request `r` is a send (`None` for a handle that is
-    /// not live).
-    pub(crate) fn is_send(&self, r: Request) -> Option<bool> {
+    /// Marks the send `r`, which [`alloc`](Self::alloc) just gave, as a
+    /// rendezvous one.
+    pub(crate) fn set_rndv(&mut self, r: Request) {
+        self.slots[r.index()].rndv = true;
+    }
+
+    /// Whether the live request `r` is an eager send (which no cancel takes
+    /// back).
+    pub(crate) fn is_eager_send(&self, r: Request) -> bool {
         self.slot(r)
             .filter(|s| s.gen == r.gen() && !matches!(s.state, State::Free))
-            .map(|s| s.kind == Kind::Send)
+            .is_some_and(|s| s.kind == Kind::Send && !s.rndv)
     }
 
     pub(crate) fn is_done(&self, r: Request) -> Result<bool, Error> {

@@ -13,10 +13,11 @@
 //! Its result is then reported, but the next size to that peer waits for the
 //! send to complete: a run has at most one send in flight to each peer.
 //! A failed message whose send has not completed (a rendezvous message the
-//! peer never pulled: its responder takes no messages, and a send cannot be
-//! withdrawn) is set aside as lingering, and the run goes on without it:
-//! while a peer has one, later messages to it fail at once rather than add
-//! sends that would linger too, and no run waits for it.
+//! peer never pulled: its responder takes no messages) is withdrawn and set
+//! aside as lingering, and the run goes on without it: until its send ends
+//! (cancelled, a round trip later, unless the peer took the message after
+//! all), later messages to that peer fail at once rather than add sends
+//! that would linger too, and no run waits for it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -239,8 +240,10 @@ impl Checks {
                             busy = true;
                         }
                         // Failed, and its send may never complete: no run
-                        // waits for it.
+                        // waits for it, and it is withdrawn (a rendezvous
+                        // message its peer did not take ends so).
                         Some(i) if i.reported => {
+                            st.cancel_check_send(run.id, i.seq);
                             self.lingering.push(Lingering {
                                 peer: t.peer,
                                 run: run.id,
@@ -324,12 +327,12 @@ impl Checks {
             .position(|l| l.run == run && l.seq == seq)
         {
             let l = self.lingering.swap_remove(at);
-            debug!(
+            info!(
                 peer.node = l.peer.node,
                 peer.endpoint = l.peer.endpoint,
                 seq,
                 ?result,
-                "a lingering check message's send completed"
+                "the send of a check message that got no echo ended (withdrawn: cancelled)"
             );
         } else if let Some(item) = self.item(run, seq) {
             item.sent = Some(result.map_err(|e| format!("send failed: {e}")));

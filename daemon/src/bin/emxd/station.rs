@@ -621,20 +621,30 @@ impl Station {
     /// Gives up the receive of a check message's answer (the check ended
     /// without it: no echo in time, the send failed, the peer went down).
     pub fn cancel_check_answer(&mut self, run: u8, seq: u32) {
-        let found = self
-            .reqs
-            .iter()
-            .find(|(_, role)| *role == Role::CheckAnswer { run, seq });
+        self.cancel_role(Role::CheckAnswer { run, seq });
+    }
+
+    /// Withdraws the send of a check message that failed before its send
+    /// completed (a rendezvous message its peer never took: its responder
+    /// takes no messages). Its completion, cancelled or (if the peer took it
+    /// after all) done, comes through the request list.
+    pub fn cancel_check_send(&mut self, run: u8, seq: u32) {
+        self.cancel_role(Role::CheckSend { run, seq });
+    }
+
+    /// Cancels the request in `role`, if there is one; its completion
+    /// (cancelled, or what it came to after all) comes through the request
+    /// list as any other.
+    fn cancel_role(&mut self, role: Role) {
+        let found = self.reqs.iter().find(|(_, r)| *r == role);
         if let Some(&(r, _)) = found {
-            // Its completion (cancelled, or the answer after all) comes
-            // through the request list as any other.
             self.cancel_or_later(r);
         }
     }
 
-    /// Cancels receive `r`, or notes it to be cancelled on a later poll
+    /// Cancels request `r`, or notes it to be cancelled on a later poll
     /// when the command ring is full; whether it was handed over (or needs
-    /// no cancel: it finished, or is unknown).
+    /// no cancel: it finished, is unknown, or cannot be cancelled).
     fn cancel_or_later(&mut self, r: Request) -> bool {
         match self.ep.cancel(r) {
             Err(emx::runtime::Error::WouldBlock) => {
