@@ -1574,17 +1574,29 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
     }
 
+    #[inline]
     pub(crate) fn maybe_complete_send(&mut self, i: u32) {
         let s = &self.sends[i as usize];
         let done =
             s.inflight == 0 && s.first_pass_done && (!s.rndv || s.notified) && s.buf.is_some();
         if done {
-            let result = match s.withdraw {
-                Withdraw::Done => Err(RequestError::Cancelled),
-                _ => Ok(()),
+            let result = if s.withdraw == Withdraw::Done {
+                Err(RequestError::Cancelled)
+            } else {
+                Ok(())
             };
             self.complete_send(i, result);
-        } else if s.withdraw == Withdraw::Wanted && s.rts_acknowledged() {
+        } else if s.withdraw == Withdraw::Wanted {
+            self.withdraw_when_acknowledged(i);
+        }
+    }
+
+    /// Sends the WITHDRAW a cancel asked for, once send `i`'s RTS is
+    /// acknowledged (see [`Withdraw::Wanted`]).
+    #[cold]
+    fn withdraw_when_acknowledged(&mut self, i: u32) {
+        if self.sends[i as usize].rts_acknowledged() {
+            // (A frame is free: the RTS's was just given back.)
             self.send_withdraw(i);
         }
     }

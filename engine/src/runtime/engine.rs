@@ -1758,8 +1758,8 @@ impl Endpoint {
         let buf = buf.into();
         // (What `cancel` may withdraw.)
         let rndv = buf.as_ref().len() as u64 > self.eager_threshold;
-        let req = self.submit(
-            Kind::Send,
+        self.submit(
+            (Kind::Send, rndv),
             buf,
             |core, now, buf, ctx| {
                 core.send(now, dst, match_bits, buf, ctx)
@@ -1775,11 +1775,7 @@ impl Endpoint {
                 Cmd::Send { buf, .. } => buf,
                 _ => unreachable!("the command pushed is the one handed back"),
             },
-        )?;
-        if rndv {
-            self.requests.set_rndv(req);
-        }
-        Ok(req)
+        )
     }
 
     /// Posts a receive for a message from `src` (any source when `None`) whose
@@ -1825,7 +1821,7 @@ impl Endpoint {
             });
         }
         self.submit(
-            Kind::Recv,
+            (Kind::Recv, false),
             buf,
             |core, now, buf, ctx| {
                 to_core(core, now, buf, ctx).map_err(|r| (Error::Recv(r.error), r.buf))
@@ -1863,12 +1859,13 @@ impl Endpoint {
         self.irecv(src, match_bits, mask, RecvBuf::Lending)
     }
 
-    /// Takes a request slot and hands `buf` on: to the core at once (inline)
-    /// or to the polling thread through the submission ring. On refusal the
-    /// slot is given back and the buffer returned.
+    /// Takes a request slot (of a kind, and whether it is a rendezvous send)
+    /// and hands `buf` on: to the core at once (inline) or to the polling
+    /// thread through the submission ring. On refusal the slot is given back
+    /// and the buffer returned.
     fn submit<B>(
         &mut self,
-        kind: Kind,
+        (kind, rndv): (Kind, bool),
         buf: B,
         to_core: impl FnOnce(
             &mut Core<SendBuf, RecvBuf>,
@@ -1882,7 +1879,7 @@ impl Endpoint {
         if let Err(error) = self.stopped() {
             return Err(Refused { error, buf });
         }
-        let req = match self.requests.alloc(kind) {
+        let req = match self.requests.alloc(kind, rndv) {
             Ok(req) => req,
             Err(error) => return Err(Refused { error, buf }),
         };

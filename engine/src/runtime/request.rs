@@ -231,10 +231,11 @@ impl Requests {
             .flatten()
     }
 
-    /// A slot for a new request of `kind`, or why there is none: as many of
-    /// its kind pending as the core takes, or the table full of completions
-    /// not yet taken.
-    pub(crate) fn alloc(&mut self, kind: Kind) -> Result<Request, Error> {
+    /// A slot for a new request of `kind` (`rndv`: a rendezvous send, which
+    /// a cancel may withdraw), or why there is none: as many of its kind
+    /// pending as the core takes, or the table full of completions not yet
+    /// taken.
+    pub(crate) fn alloc(&mut self, kind: Kind, rndv: bool) -> Result<Request, Error> {
         if self.pending[kind as usize] >= self.limit[kind as usize] {
             return Err(match kind {
                 Kind::Send => Error::Send(SendError::TooManySends),
@@ -250,7 +251,7 @@ impl Requests {
         std::mem::forget(old);
         s.core = None;
         s.kind = kind;
-        s.rndv = false;
+        s.rndv = rndv;
         self.pending[kind as usize] += 1;
         Ok(Request::new(self.tag, i, s.gen))
     }
@@ -317,12 +318,6 @@ impl Requests {
             s.state = State::Finished(c);
             self.pending[k] -= 1;
         }
-    }
-
-    /// Marks the send `r`, which [`alloc`](Self::alloc) just gave, as a
-    /// rendezvous one.
-    pub(crate) fn set_rndv(&mut self, r: Request) {
-        self.slots[r.index()].rndv = true;
     }
 
     /// Whether the live request `r` is an eager send (which no cancel takes
@@ -392,12 +387,12 @@ mod tests {
     fn another_tables_handle_stays_unknown() {
         let mut a = Requests::new(2, 2);
         let mut b = Requests::new(2, 2);
-        let kept = b.alloc(Kind::Send).unwrap();
+        let kept = b.alloc(Kind::Send, false).unwrap();
         for _ in 0..(1u32 << 24) {
-            let r = a.alloc(Kind::Send).unwrap();
+            let r = a.alloc(Kind::Send, false).unwrap();
             a.release(r);
         }
-        let r = a.alloc(Kind::Recv).unwrap();
+        let r = a.alloc(Kind::Recv, false).unwrap();
         assert!(matches!(b.is_done(r), Err(Error::UnknownRequest)));
         assert!(matches!(a.is_done(kept), Err(Error::UnknownRequest)));
         assert!(matches!(b.is_done(kept), Ok(false)));
@@ -410,7 +405,7 @@ mod tests {
     #[test]
     fn a_finished_request_has_no_core_id() {
         let mut t = Requests::new(2, 2);
-        let r = t.alloc(Kind::Recv).unwrap();
+        let r = t.alloc(Kind::Recv, false).unwrap();
         t.set_core(r, RequestId::recv(0, 1));
         assert_eq!(t.core_id(r), Some(RequestId::recv(0, 1)));
         t.complete(
