@@ -1593,7 +1593,7 @@ fn a_check_of_a_peer_that_takes_nothing_ends() {
     wait_for(Duration::from_secs(3), "the send's end", || {
         b.progress();
         a.log()
-            .contains("ended (withdrawn: cancelled)")
+            .contains("got no echo ended: withdrawn")
             .then_some(())
     });
     assert!(a.log().contains("request failed: cancelled"), "{}", a.log());

@@ -72,8 +72,10 @@ pub const FRAME_HEADER_LEN: usize = ETH_HEADER_LEN + EMX_HEADER_LEN;
 /// The emx EtherType by default (IEEE 802 local experimental EtherType 1).
 pub const DEFAULT_ETHERTYPE: u16 = 0x88B5;
 /// The only header version this crate speaks (2: frames name their fragment unit;
-/// 3: the checksum is CRC-32C; 4: it covers the source MAC and EtherType too).
-pub const VERSION: u8 = 4;
+/// 3: the checksum is CRC-32C; 4: it covers the source MAC and EtherType too; 5:
+/// WITHDRAW, and NOTIFY's WITHDRAWN flag: a peer of version 4 would refuse a WITHDRAW
+/// unacknowledged, and its sender's stream would stall on it).
+pub const VERSION: u8 = 5;
 /// The smallest fragment unit a frame may name: the payload of the smallest MTU taken.
 pub const MIN_FRAG_UNIT: u16 = 64;
 /// Largest message length the header may announce (1 TiB); anything larger is a lie.

@@ -156,8 +156,13 @@ fn a_message_withdrawn_behind_a_missing_one_is_passed_by() {
     let withdraw = take_frame(&mut sim, 0).unwrap();
     assert_eq!(frame_type(&withdraw), Some(FrameType::Withdraw));
     let now = sim.now();
+    let held = sim.core_ref(1).unexpected_bytes();
     sim.core(1).handle_frame(now, &withdraw).unwrap();
     assert_eq!(sim.core_ref(1).stats().withdrawn, 1);
+    // Its charge stays until its turn comes: credits still bound the
+    // envelopes that wait.
+    assert_eq!(sim.core_ref(1).unexpected_bytes(), held);
+    assert!(held > 0);
     assert_eq!(
         run(&mut sim, 100),
         vec![(0, 50, Err(RequestError::Cancelled))]

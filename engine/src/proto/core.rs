@@ -449,6 +449,8 @@ pub struct Core<S: AsRef<[u8]>, R: RecvBuffer> {
     /// same way. While NOTIFYs or pulls wait, RTSes are refused, so this holds
     /// at most one NOTIFY per rendezvous envelope there was when it began.
     pub(crate) starved_notifies: VecDeque<(u16, u32, bool)>,
+    /// Sends whose WITHDRAW found the frame table full, oldest first.
+    pub(crate) starved_withdraws: VecDeque<u32>,
     /// Peers whose window had room for a new frame when the table had none
     /// (each once): put back on the transmit queue once frames are free, as
     /// only their own frames or timers would otherwise.
@@ -516,8 +518,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         // The core starts idle: nothing is scheduled from `now` yet.
         let _ = now;
         let n_msgs = (cfg.unexpected_bytes / MSG_OVERHEAD) as usize + cfg.max_recvs + 16;
+        // (One WITHDRAW per send at most: see `Core::cancel`.)
         let n_frames = cfg.max_peers * cfg.window as usize
             + cfg.max_recvs * (cfg.pull_inflight as usize + 2)
+            + cfg.max_sends
             + 64;
         let sends = (0..cfg.max_sends)
             .map(|_| SendSlot {
@@ -598,6 +602,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             // (bounded by the envelopes: see `queue_notify`; its pages are
             // touched only as NOTIFYs wait)
             starved_notifies: VecDeque::with_capacity(n_msgs),
+            starved_withdraws: VecDeque::with_capacity(cfg.max_sends),
             starved_peers: VecDeque::with_capacity(cfg.max_peers),
             lend_base: None,
             streamed: false,
@@ -1196,20 +1201,27 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         {
             return false;
         }
-        if !s.rts_acknowledged() {
-            // Its RTS has not left, or is not acknowledged yet.
-            self.sends[i as usize].withdraw = Withdraw::Wanted;
-            return true;
+        // Its WITHDRAW leaves once the RTS is acknowledged: now, if it is.
+        let now = s.rts_acknowledged();
+        self.sends[i as usize].withdraw = Withdraw::Wanted;
+        if now {
+            self.send_withdraw(i);
         }
-        self.send_withdraw(i)
+        true
     }
 
-    /// Queues the WITHDRAW of rendezvous send `i`; false when the frame table
-    /// has no room for it.
-    pub(crate) fn send_withdraw(&mut self, i: u32) -> bool {
-        let Some(f) = self.frame_free.alloc() else {
-            return false;
-        };
+    /// Queues the WITHDRAW of rendezvous send `i` (its cancel was asked and
+    /// its RTS acknowledged), or, when the frame table is full, has it wait
+    /// for a frame (see `feed_starved`).
+    pub(crate) fn send_withdraw(&mut self, i: u32) {
+        match self.frame_free.alloc() {
+            Some(f) => self.push_withdraw(f, i),
+            None => self.starved_withdraws.push_back(i),
+        }
+    }
+
+    /// Queues the WITHDRAW of send `i` in frame `f`.
+    pub(crate) fn push_withdraw(&mut self, f: u32, i: u32) {
         let s = &mut self.sends[i as usize];
         s.withdraw = Withdraw::Sent;
         let (p, msg_id) = (s.peer, s.msg_id);
@@ -1228,7 +1240,6 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             .push_back(&mut self.peers[p as usize].ctrl, f);
         self.touch(p);
         self.mark_ready(p);
-        true
     }
 
     /// Aborts every outstanding request, for shutdown. Every send and receive (posted,
@@ -1243,7 +1254,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// messages are not requests: they stay for later receives.
     ///
     /// What the peers see (an abort withdraws nothing: a shutdown sends no more than
-    /// it must, and [`cancel`](Self::cancel) is what withdraws a message):
+    /// it must, and [`cancel`](Self::cancel) is what withdraws a message; the WITHDRAWs
+    /// of cancels asked before still go, and their answers are taken and ignored):
     /// - a send nothing of which left yet is withdrawn for good (its message id is given
     ///   back, so the peer's in-order matching does not wait for it);
     /// - a rendezvous receive that was pulling sends NOTIFY, so that its sender stops and
@@ -1345,6 +1357,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.peers[p as usize].in_ready = false;
         }
         self.starved_notifies.clear();
+        self.starved_withdraws.clear();
         while let Some(p) = self.starved_peers.pop_front() {
             self.peers[p as usize].frame_starved = false;
         }
@@ -1538,6 +1551,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let buf = s.buf.take().expect("live send has its buffer");
         s.gen = RequestId::next_gen(s.gen);
         let (rndv, msg_id, in_pulls) = (s.rndv, s.msg_id, s.in_pulls);
+        if s.withdraw == Withdraw::Wanted && !self.starved_withdraws.is_empty() {
+            // (Rare: a cancel whose WITHDRAW waits for a frame.)
+            self.starved_withdraws.retain(|&j| j != i);
+        }
+        let s = &mut self.sends[i as usize];
         s.in_pulls = false;
         s.peer = NO_PEER;
         let peer = &mut self.peers[p as usize];
@@ -1596,7 +1614,6 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     #[cold]
     fn withdraw_when_acknowledged(&mut self, i: u32) {
         if self.sends[i as usize].rts_acknowledged() {
-            // (A frame is free: the RTS's was just given back.)
             self.send_withdraw(i);
         }
     }
@@ -3397,5 +3414,52 @@ mod tests {
             .unwrap();
         assert_eq!(clock.1, 1, "a receive that takes a message reads the time");
         assert!(sim.core(1).cancel(held));
+    }
+
+    /// A cancel that finds the frame table full waits for a frame: its
+    /// WITHDRAW leaves when one frees, and the send ends cancelled. (It used
+    /// to be dropped, with `cancel` answering false, so that a polling
+    /// thread's cancel, already reported as queued, was lost.)
+    #[test]
+    fn a_withdraw_that_finds_the_frame_table_full_waits_for_a_frame() {
+        let cfg = CoreConfig::default();
+        let mut sim: Sim<Vec<u8>, Vec<u8>> = Sim::new(LinkConfig::default());
+        for (i, j) in [(0u16, 1u16), (1, 0)] {
+            let mut c = Core::new(cfg.clone(), addr(i), mac(i as u8), 1, Time::ZERO).unwrap();
+            c.add_peer(addr(j), mac(j as u8)).unwrap();
+            sim.add_core(c);
+        }
+        let now = sim.now();
+        let s = sim
+            .core(0)
+            .send(now, addr(1), 5, vec![7u8; 1 << 20], 50)
+            .unwrap();
+        sim.run_until(now + Duration::from_micros(200), |_| false);
+        assert!(sim.core_ref(1).probe(None, 5, !0).is_some(), "its RTS came");
+        let a = sim.core(0);
+        let mut taken = Vec::new();
+        while let Some(f) = a.frame_free.alloc() {
+            taken.push(f);
+        }
+        assert!(a.cancel(s), "taken, to wait for a frame");
+        assert!(!a.cancel(s), "once");
+        assert_eq!(a.starved_withdraws.len(), 1);
+        for f in taken {
+            a.frame_free.release(f);
+        }
+        let mut done = None;
+        sim.run_until(sim.now() + Duration::from_millis(5), |sim| {
+            while let Some(c) = sim.core(0).poll_completion() {
+                done = Some(c);
+            }
+            done.is_some()
+        });
+        match done {
+            Some(Completion::Send(d)) => assert_eq!(d.result, Err(RequestError::Cancelled)),
+            other => panic!("{other:?}"),
+        }
+        assert!(sim.core_ref(0).starved_withdraws.is_empty());
+        assert!(sim.core_ref(1).probe(None, 5, !0).is_none());
+        assert_eq!(sim.core_ref(1).unexpected_bytes(), 0);
     }
 }

@@ -376,6 +376,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             self.peers[p as usize].next_match = next.wrapping_add(1);
             if state == MsgState::Withdrawn {
                 // Its sender withdrew it (and was told): nothing takes it.
+                self.release_charge(now, m);
                 self.free_msg(m);
             } else {
                 self.match_in_turn(now, p, m);

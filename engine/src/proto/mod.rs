@@ -51,7 +51,9 @@
 //! - **Eager** up to `eager_threshold`, **rendezvous** above it: RTS, then
 //!   receiver-paced pulls of `pull_block` bytes (rounded down to whole frames of
 //!   the sender's),
-//!   `pull_inflight` at a time, answered by zero-copy data frames, then NOTIFY.
+//!   `pull_inflight` at a time, answered by zero-copy data frames, then NOTIFY. A
+//!   rendezvous send nothing of which was pulled can be cancelled (WITHDRAW, answered
+//!   by a NOTIFY that says whether the receiver dropped the message).
 //!   The receiver copies each data frame into its buffer; while large receives of
 //!   `stream_min` bytes or more are posted, with [`RecvBuffer::write_streaming`]
 //!   (streaming stores in the runtime), fenced once per burst
@@ -284,9 +286,11 @@ impl RequestId {
 }
 
 /// Handle of a message taken by a matched probe ([`Core::mprobe`]): no
-/// receive matches it any more, and [`Core::post_mrecv`] receives it. Plain
-/// data: a handle used once (or one whose message is gone) is refused as
-/// [`RecvError::UnknownMessage`].
+/// receive matches it any more, and [`Core::post_mrecv`] of the same core
+/// receives it. Plain data: a handle used once is refused as
+/// [`RecvError::UnknownMessage`]. Like a [`RequestId`], it names nothing in
+/// another core (whose claims may be numbered alike): the runtime's
+/// `Message` also names its endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MessageId {
     /// The message's envelope.
@@ -676,8 +680,8 @@ pub enum RecvError {
     #[error("the endpoint is closed")]
     Closed,
     /// The handle of a matched probe ([`MessageId`]) names no message
-    /// waiting to be received: it was received already, or is another
-    /// endpoint's.
+    /// waiting to be received here: it was received already, or (refused by
+    /// the runtime's endpoints; a core cannot tell) is another endpoint's.
     #[error("unknown message handle (already received, or another endpoint's)")]
     UnknownMessage,
 }

@@ -11,6 +11,13 @@
 //! receiver completes and sends NOTIFY; the send completes once NOTIFY came and every
 //! frame it sent was acknowledged.
 //!
+//! A cancelled send that nothing was pulled from is withdrawn: once its RTS is
+//! acknowledged (a WITHDRAW that overtook it would find nothing) the sender sends
+//! WITHDRAW; a receiver that has not matched the message (nor claimed it with a matched
+//! probe) drops it, or, if it waits behind a missing message, passes it by when its turn
+//! comes, and answers with a NOTIFY flagged WITHDRAWN, which ends the send `Cancelled`.
+//! One already matched is pulled as usual, and its NOTIFY completes the send.
+//!
 //! The sender keeps one high-water mark of what was pulled (`pull_limit`) instead of a
 //! list of pulls, so a lost or reordered pull never stalls it: data below the mark is
 //! always wanted.
@@ -145,6 +152,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         !self.starved_pulls.is_empty()
             || !self.starved_notifies.is_empty()
             || !self.starved_peers.is_empty()
+            || !self.starved_withdraws.is_empty()
     }
 
     /// Whether [`feed_starved`](Self::feed_starved) has work it can do now.
@@ -154,8 +162,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     }
 
     /// Puts the peers whose new frame found the table full back on the
-    /// transmit queue, then gives free frames to the NOTIFYs and the pulls
-    /// that found it full, oldest first.
+    /// transmit queue, then gives free frames to the NOTIFYs, the WITHDRAWs
+    /// and the pulls that found it full, oldest first.
     pub(crate) fn feed_starved(&mut self) {
         while let Some(p) = self.starved_peers.pop_front() {
             self.peers[p as usize].frame_starved = false;
@@ -167,6 +175,13 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             };
             self.starved_notifies.pop_front();
             self.push_notify(i, p, msg_id, withdrawn);
+        }
+        while let Some(&s) = self.starved_withdraws.front() {
+            let Some(i) = self.frame_free.alloc() else {
+                return;
+            };
+            self.starved_withdraws.pop_front();
+            self.push_withdraw(i, s);
         }
         while self.frame_free.available() > 0 {
             let Some(r) = self.recv_links.pop_front(&mut self.starved_pulls) else {
@@ -407,8 +422,10 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             }
             MsgState::Waiting => {
                 // Behind a message still missing: its turn to match comes,
-                // and passes it by (see `advance_matching`).
-                self.release_charge(now, m);
+                // and passes it by (see `advance_matching`). It keeps its
+                // charge until then, so that credits still bound the
+                // envelopes a peer holds (a peer that withdrew every message
+                // behind one it never sent would take them all).
                 self.msgs[m as usize].state = MsgState::Withdrawn;
             }
             MsgState::Bound

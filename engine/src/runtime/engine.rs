@@ -2308,7 +2308,8 @@ impl Endpoint {
     /// Returns whether it could still be cancelled (inline: `true` for a send
     /// means its withdrawal started) or the cancel was handed on (polling
     /// thread); `false` in both modes for an eager send and for a request
-    /// that finished already. With a polling thread, `true` says only that
+    /// that finished already, and inline for a receive that matched and a
+    /// send that was pulled from or whose cancel was asked before. With a polling thread, `true` says only that
     /// the cancel was queued (the receive may match before the thread sees
     /// it, the send's receiver may pull it first, or the engine may stop);
     /// the completion says what came of it.
@@ -2459,7 +2460,7 @@ impl Endpoint {
         mask: u64,
     ) -> Result<Option<Message>, Error> {
         self.stopped()?;
-        let table = self.requests.tag();
+        let table = self.requests.table();
         let found = match &mut self.mode {
             Mode::Inline(_) => {
                 // Frames waiting in the link may hold the message probed for.
@@ -2535,7 +2536,7 @@ impl Endpoint {
         buf: impl Into<RecvBuf>,
     ) -> Result<Request, Refused<RecvBuf>> {
         let buf = buf.into();
-        if msg.table != self.requests.tag() {
+        if msg.table != self.requests.table() {
             return Err(Refused {
                 error: Error::Recv(RecvError::UnknownMessage),
                 buf,

@@ -52,7 +52,7 @@ impl Request {
 #[must_use = "a claimed message holds its sender's credit until it is received"]
 pub struct Message {
     pub(crate) id: crate::proto::MessageId,
-    /// The tag of the request table of the endpoint that claimed it.
+    /// The number of the request table of the endpoint that claimed it.
     pub(crate) table: u32,
     /// Its envelope: sender, match bits and length.
     pub info: crate::proto::ProbeInfo,
@@ -172,6 +172,9 @@ pub(crate) struct Requests {
     free: Vec<u32>,
     /// This table's tag, in every handle it gives.
     tag: u32,
+    /// This table's number (the tag is its low bits), in every [`Message`]
+    /// of its endpoint.
+    table: u32,
     /// Pending sends and receives, by [`Kind`]: submitted and not finished.
     pending: [usize; 2],
     /// The most of each that may be pending: the core's `max_sends` and
@@ -213,15 +216,16 @@ impl Requests {
                 .collect(),
             free: (0..n as u32).rev().collect(),
             tag,
+            table,
             pending: [0; 2],
             limit: [max_sends, max_recvs],
         }
     }
 
-    /// This table's tag (see [`new`](Self::new)), which a [`Message`] of
-    /// its endpoint carries too.
-    pub(crate) fn tag(&self) -> u32 {
-        self.tag
+    /// This table's number (see [`new`](Self::new)), which every
+    /// [`Message`] of its endpoint carries.
+    pub(crate) fn table(&self) -> u32 {
+        self.table
     }
 
     /// The slot `r` names, if `r` is one of this table's handles.

@@ -319,20 +319,25 @@ impl Checks {
         ended
     }
 
-    /// A check message's send completed.
-    pub fn on_send_done(&mut self, run: u8, seq: u32, result: Result<(), String>) {
+    /// A check message's send completed (`cancelled`: it was withdrawn).
+    pub fn on_send_done(&mut self, run: u8, seq: u32, result: Result<(), String>, cancelled: bool) {
         if let Some(at) = self
             .lingering
             .iter()
             .position(|l| l.run == run && l.seq == seq)
         {
             let l = self.lingering.swap_remove(at);
+            let how = match &result {
+                Ok(()) => "taken after all",
+                Err(_) if cancelled => "withdrawn",
+                Err(_) => "failed",
+            };
             info!(
                 peer.node = l.peer.node,
                 peer.endpoint = l.peer.endpoint,
                 seq,
                 ?result,
-                "the send of a check message that got no echo ended (withdrawn: cancelled)"
+                "the send of a check message that got no echo ended: {how}"
             );
         } else if let Some(item) = self.item(run, seq) {
             item.sent = Some(result.map_err(|e| format!("send failed: {e}")));
@@ -628,7 +633,7 @@ mod tests {
         assert!(checks.runs[3].targets[0].sizes.is_empty(), "sends no more");
         assert!(!checks.end_finished(), "its send is in flight");
         assert_eq!(checks.runs.len(), MAX_RUNS);
-        checks.on_send_done(id, 7, Ok(()));
+        checks.on_send_done(id, 7, Ok(()), false);
         assert!(checks.end_finished());
         assert_eq!(checks.runs.len(), MAX_RUNS - 1);
         assert!(replies[3].try_recv().is_err(), "nobody to answer");

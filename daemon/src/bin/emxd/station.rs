@@ -354,7 +354,7 @@ impl Station {
                 self.watches.insert(p, Watch::Idle);
             }
             Role::CheckSend { run, seq } => {
-                checks.on_send_done(run, seq, Err("the request was lost".into()))
+                checks.on_send_done(run, seq, Err("the request was lost".into()), false)
             }
             Role::Discard | Role::CheckAnswer { .. } => {}
         }
@@ -443,8 +443,9 @@ impl Station {
                 }
             }
             Role::CheckSend { run, seq } => {
+                let cancelled = c.result.as_ref().is_err_and(|e| e.is_cancelled());
                 let r = c.result.map(|_| ()).map_err(|e| e.to_string());
-                checks.on_send_done(run, seq, r);
+                checks.on_send_done(run, seq, r, cancelled);
             }
             Role::CheckAnswer { .. } => match c.into_recv() {
                 Ok((buf, info)) => {
