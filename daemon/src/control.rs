@@ -301,6 +301,10 @@ pub struct MessageStats {
     pub unexpected: u64,
     /// The most bytes the unexpected store held at once.
     pub unexpected_high_water: u64,
+    /// Rendezvous messages dropped unmatched because their senders
+    /// withdrew them (cancelled sends).
+    #[serde(default)]
+    pub withdrawn: u64,
     /// Frames dropped before they could be told apart by peer (bad
     /// headers, other clusters, unknown senders).
     pub dropped: u64,

@@ -792,11 +792,12 @@ fn print_stats(s: &Stats) {
         );
         let m = &e.messages;
         outln!(
-            "  messages: sent {}, received {}, arrived unexpected {} (store high water {}), dropped before a peer {}",
+            "  messages: sent {}, received {}, arrived unexpected {} (store high water {}), withdrawn by their senders {}, dropped before a peer {}",
             m.sends_completed,
             m.recvs_completed,
             m.unexpected,
             bytes(m.unexpected_high_water),
+            m.withdrawn,
             m.dropped
         );
         if m.internal_errors != 0 {

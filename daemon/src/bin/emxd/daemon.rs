@@ -317,6 +317,7 @@ impl Daemon {
                     recvs_completed: core.recvs_completed,
                     unexpected: core.unexpected,
                     unexpected_high_water: core.unexpected_high_water,
+                    withdrawn: core.withdrawn,
                     dropped: core.dropped.total(),
                     internal_errors: core.internal_errors,
                 },
