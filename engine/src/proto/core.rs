@@ -1089,11 +1089,11 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
             });
         }
         let m = msg.msg;
+        // (An envelope carries a claim's number only while Claimed or ClaimFailed.)
         let failed = match self.msgs.get(m as usize) {
-            Some(e) if e.claim == msg.claim && e.state == MsgState::Claimed => None,
             Some(e) if e.claim == msg.claim => match e.state {
                 MsgState::ClaimFailed(err) => Some(err),
-                _ => unreachable!("a claimed envelope is Claimed or ClaimFailed"),
+                _ => None,
             },
             _ => {
                 return Err(Rejected {
@@ -1225,21 +1225,7 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         let s = &mut self.sends[i as usize];
         s.withdraw = Withdraw::Sent;
         let (p, msg_id) = (s.peer, s.msg_id);
-        self.frames[f as usize] = TxFrame {
-            seq: 0,
-            kind: FrameType::Withdraw,
-            lost: false,
-            retx: 0,
-            sent_at: Time::ZERO,
-            slot: NIL,
-            msg_id,
-            offset: 0,
-            len: 0,
-        };
-        self.frame_links
-            .push_back(&mut self.peers[p as usize].ctrl, f);
-        self.touch(p);
-        self.mark_ready(p);
+        self.push_ctrl(f, p, FrameType::Withdraw, msg_id, 0);
     }
 
     /// Aborts every outstanding request, for shutdown. Every send and receive (posted,

@@ -221,16 +221,23 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// Queues NOTIFY for message `msg_id` of peer `p` in frame `i` (its `len`
     /// is 1 for one that says `withdrawn`).
     fn push_notify(&mut self, i: u32, p: u16, msg_id: u32, withdrawn: bool) {
+        self.push_ctrl(i, p, FrameType::Notify, msg_id, u32::from(withdrawn));
+    }
+
+    /// Queues control frame `i` (a NOTIFY or a WITHDRAW: one that names a
+    /// message and refers to no request) of `kind` for message `msg_id` to
+    /// peer `p`.
+    pub(crate) fn push_ctrl(&mut self, i: u32, p: u16, kind: FrameType, msg_id: u32, len: u32) {
         self.frames[i as usize] = TxFrame {
             seq: 0,
-            kind: FrameType::Notify,
+            kind,
             lost: false,
             retx: 0,
             sent_at: Time::ZERO,
             slot: NIL,
             msg_id,
             offset: 0,
-            len: u32::from(withdrawn),
+            len,
         };
         let peer = &mut self.peers[p as usize];
         self.frame_links.push_back(&mut peer.ctrl, i);
