@@ -1165,9 +1165,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     ///   receive took the message first, it is pulled and the send succeeds as usual.
     ///
     /// Returns false when the request cannot be cancelled: a receive already matched
-    /// or completed, an eager send (it is the receiver's once it left), a rendezvous
-    /// send that was pulled from or whose cancel was asked already, or (rarely) when
-    /// no frame is free for the WITHDRAW now: ask again later.
+    /// or completed, an eager send (it is the receiver's once it left), or a
+    /// rendezvous send that was pulled from or whose cancel was asked already. (A
+    /// WITHDRAW that finds the frame table full waits for a frame.)
     #[must_use]
     pub fn cancel(&mut self, req: RequestId) -> bool {
         if !req.is_recv() {
