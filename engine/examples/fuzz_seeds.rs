@@ -139,7 +139,7 @@ fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let to = Addr::new(2, 0);
     let mut seen = FirstOfEach::new();
-    let seeds: [(&str, Vec<u8>); 4] = [
+    let seeds: [(&str, Vec<u8>); 5] = [
         (
             // A rendezvous message that the target's any-source receive
             // pulls, eager ones to its other receive and to its unexpected
@@ -208,6 +208,29 @@ fn main() {
             // liveness deadline.
             "silent",
             record(|_, _, _| {}, 0, 3000, &mut seen),
+        ),
+        (
+            // A rendezvous message left unexpected at the target (its
+            // any-source receive took an eager one first), then withdrawn
+            // by the peer: WITHDRAW, and the NOTIFY that says the target
+            // dropped it.
+            "withdrawn",
+            {
+                let mut big = None;
+                record(
+                    |p, now, step| match step {
+                        0 => {
+                            p.send(now, to, 9, vec![2; 1000], 0).unwrap();
+                            big = Some(p.send(now, to, 12, vec![1; 20_000], 1).unwrap());
+                        }
+                        20 => assert!(p.cancel(big.expect("sent")), "a rendezvous send"),
+                        _ => {}
+                    },
+                    0,
+                    60,
+                    &mut seen,
+                )
+            },
         ),
     ];
     for (name, bytes) in seeds {

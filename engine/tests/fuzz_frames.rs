@@ -643,7 +643,8 @@ fn the_fuzz_seeds_reach_the_state_machines() {
     let mut completed = std::collections::BTreeMap::new();
     let mut unexpected = std::collections::BTreeMap::new();
     let mut packs = 0;
-    for name in ["session", "packed", "lossy", "silent"] {
+    let mut withdrawn = std::collections::BTreeMap::new();
+    for name in ["session", "packed", "lossy", "silent", "withdrawn"] {
         let data = std::fs::read(format!("{dir}/{name}")).expect("the seed is there");
         // Records: [op][len: u16 LE][frame]; a frame's type is its byte 15.
         let mut at = 0;
@@ -662,6 +663,7 @@ fn the_fuzz_seeds_reach_the_state_machines() {
         ok.sort();
         completed.insert(name, ok);
         unexpected.insert(name, core.stats().unexpected);
+        withdrawn.insert(name, core.stats().withdrawn);
         // Every seed's peer answers to the end: silent but for its engine's
         // answers to keepalives, the last one's peer is still alive.
         let peer = core.peer_info(PeerId(0)).unwrap();
@@ -677,4 +679,8 @@ fn the_fuzz_seeds_reach_the_state_machines() {
     assert!(packs > 0, "no PACK in the packed seed");
     assert!(unexpected["packed"] >= 40, "{unexpected:?}");
     assert!(completed["lossy"].contains(&0), "{completed:?}");
+    // withdrawn: the eager message into the any-source receive; the
+    // rendezvous one left unexpected, then dropped as its sender asked.
+    assert_eq!(completed["withdrawn"], [0], "{completed:?}");
+    assert_eq!(withdrawn["withdrawn"], 1, "{withdrawn:?}");
 }
