@@ -193,7 +193,8 @@ pub(crate) enum Withdraw {
     /// Not asked.
     No,
     /// Asked; its WITHDRAW leaves once the RTS is acknowledged (a WITHDRAW
-    /// that overtook its RTS would find nothing to withdraw).
+    /// that overtook its RTS would find nothing to withdraw), and a frame is
+    /// free for it (meanwhile it waits in `Core::starved_withdraws`).
     Wanted,
     /// Its WITHDRAW is queued or left: the receiver's NOTIFY says what came
     /// of it.
@@ -285,7 +286,7 @@ pub(crate) enum MsgState {
     ClaimFailed(RequestError),
     /// A rendezvous message its sender withdrew while it waited for an
     /// earlier one (see `Core::on_withdraw`): passed by, and freed, when its
-    /// turn to match comes.
+    /// turn to match comes. It keeps its charge until then.
     Withdrawn,
 }
 
@@ -1240,8 +1241,9 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
     /// messages are not requests: they stay for later receives.
     ///
     /// What the peers see (an abort withdraws nothing: a shutdown sends no more than
-    /// it must, and [`cancel`](Self::cancel) is what withdraws a message; the WITHDRAWs
-    /// of cancels asked before still go, and their answers are taken and ignored):
+    /// it must, and [`cancel`](Self::cancel) is what withdraws a message; a WITHDRAW
+    /// already queued still goes, and its answer is taken and ignored, while a cancel
+    /// whose WITHDRAW had not left ends `Aborted` with its send):
     /// - a send nothing of which left yet is withdrawn for good (its message id is given
     ///   back, so the peer's in-order matching does not wait for it);
     /// - a rendezvous receive that was pulling sends NOTIFY, so that its sender stops and

@@ -145,8 +145,8 @@ impl<S: AsRef<[u8]>, R: RecvBuffer> Core<S, R> {
         }
     }
 
-    /// Whether some PULL, NOTIFY or peer's new frame waits for a frame of the
-    /// table.
+    /// Whether some PULL, NOTIFY, WITHDRAW or peer's new frame waits for a
+    /// frame of the table.
     #[inline]
     pub(crate) fn starving(&self) -> bool {
         !self.starved_pulls.is_empty()

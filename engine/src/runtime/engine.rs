@@ -2309,10 +2309,11 @@ impl Endpoint {
     /// means its withdrawal started) or the cancel was handed on (polling
     /// thread); `false` in both modes for an eager send and for a request
     /// that finished already, and inline for a receive that matched and a
-    /// send that was pulled from or whose cancel was asked before. With a polling thread, `true` says only that
-    /// the cancel was queued (the receive may match before the thread sees
-    /// it, the send's receiver may pull it first, or the engine may stop);
-    /// the completion says what came of it.
+    /// send that was pulled from or whose cancel was asked before. With a
+    /// polling thread, `true` says only that the cancel was queued (the
+    /// receive may match before the thread sees it, the send's receiver may
+    /// pull it first, or the engine may stop); the completion says what came
+    /// of it.
     pub fn cancel(&mut self, req: Request) -> Result<bool, Error> {
         if self.requests.is_done(req)? || self.requests.is_eager_send(req) {
             return Ok(false);
