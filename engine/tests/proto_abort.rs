@@ -25,6 +25,8 @@ enum Req {
 #[derive(Default)]
 struct Book {
     reqs: HashMap<u64, Req>,
+    /// Core 0's request handles, by context value.
+    ids: HashMap<u64, emx::proto::RequestId>,
     done: HashMap<u64, u32>,
     next: u64,
     /// Completions of the other cores: (core, context, result is ok, error).
@@ -36,11 +38,13 @@ impl Book {
         self.next += 1;
         let ctx = self.next;
         let now = sim.now();
-        sim.core(from)
+        let id = sim
+            .core(from)
             .send(now, addr(to), bits, pattern(ctx, len), ctx)
             .unwrap();
         if from == 0 {
             self.reqs.insert(ctx, Req::Send { len });
+            self.ids.insert(ctx, id);
         }
         ctx
     }
@@ -373,6 +377,9 @@ enum Op {
     Recv0 { src: usize, len: usize, bits: u64 },
     /// Core `at` (1 or 2) posts a receive for core 0's messages.
     RecvFrom0 { at: usize, len: usize, bits: u64 },
+    /// Core 0 cancels one of its sends so far (`which` modulo their number):
+    /// a rendezvous one nothing was pulled from is withdrawn.
+    Cancel0 { which: usize },
 }
 
 fn any_len() -> impl Strategy<Value = usize> {
@@ -404,6 +411,9 @@ fn op() -> impl Strategy<Value = Op> {
             bits
         }),
         (1usize..=2, any_len(), bits).prop_map(|(at, len, bits)| Op::RecvFrom0 { at, len, bits }),
+        // (Twice as likely: most sends are eager or pulled already.)
+        any::<usize>().prop_map(|which| Op::Cancel0 { which }),
+        any::<usize>().prop_map(|which| Op::Cancel0 { which }),
     ]
 }
 
@@ -422,6 +432,7 @@ proptest! {
         let mut ops = ops;
         ops.sort_by_key(|o| o.0);
         let mut sends_to_0 = 0;
+        let mut sent_by_0 = Vec::new();
         for (at, op) in ops {
             if at >= abort_us {
                 break;
@@ -432,8 +443,12 @@ proptest! {
             sim.run_until(Time::from_micros(at), |_| false);
             let s = &mut sim;
             match op {
-                Op::Send01 { len, bits } => { book.send(s, 0, 1, bits, len); }
-                Op::Send02 { len, bits } => { book.send(s, 0, 2, bits, len); }
+                Op::Send01 { len, bits } => sent_by_0.push(book.send(s, 0, 1, bits, len)),
+                Op::Send02 { len, bits } => sent_by_0.push(book.send(s, 0, 2, bits, len)),
+                Op::Cancel0 { which } if !sent_by_0.is_empty() => {
+                    let _ = s.core(0).cancel(book.ids[&sent_by_0[which % sent_by_0.len()]]);
+                }
+                Op::Cancel0 { .. } => {}
                 Op::SendTo0 { from, len, bits } => { book.send(s, from, 0, bits, len); }
                 Op::Recv0 { src, len, bits } => {
                     book.recv(s, 0, (src > 0).then_some(src), bits, len);
