@@ -1225,11 +1225,19 @@ fn two_daemons_over_memif() {
     }
     let o = b.ctl(&["check"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        String::from_utf8_lossy(&o.stdout).contains("2 of 2 messages came back byte-exact"),
-        "{}",
-        String::from_utf8_lossy(&o.stdout)
+        out.contains("2 of 2 messages came back byte-exact"),
+        "{out}"
     );
+    // Sizes as `--sizes` takes them: 1000 B, and 1 MiB as 1M (not 1048576).
+    // (Rows: "server (1)", the endpoint, the size, ...)
+    let sizes: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("server (1)"))
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .collect();
+    assert_eq!(sizes[..2], ["1000", "1M"], "{out}");
     // Too large for the responder, and a peer that does not exist: failures
     // that say why.
     let v = a.json(&["check", "--sizes", "9M"]);

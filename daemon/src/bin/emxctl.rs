@@ -644,6 +644,18 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// A message size as `--sizes` takes it: `64K` or `1M` where that is exact,
+/// bytes otherwise (`1000`).
+fn size_label(n: u64) -> String {
+    match n {
+        0 => "0".to_owned(),
+        n if n % (1 << 30) == 0 => format!("{}G", n >> 30),
+        n if n % (1 << 20) == 0 => format!("{}M", n >> 20),
+        n if n % (1 << 10) == 0 => format!("{}K", n >> 10),
+        n => n.to_string(),
+    }
+}
+
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
@@ -878,7 +890,7 @@ fn print_check(r: &CheckReport) {
         rows.push(vec![
             peer,
             c.endpoint.to_string(),
-            c.size.to_string(),
+            size_label(c.size),
             if c.ok {
                 "ok".into()
             } else {
@@ -895,4 +907,27 @@ fn print_check(r: &CheckReport) {
         r.passed,
         r.passed.saturating_add(r.failed)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_size, size_label};
+
+    /// The check table names a size as `--sizes` takes it back.
+    #[test]
+    fn size_labels_read_back_as_sizes() {
+        for (n, label) in [
+            (0, "0"),
+            (1000, "1000"),
+            (1024, "1K"),
+            (64 << 10, "64K"),
+            (1 << 20, "1M"),
+            ((1 << 20) + 1, "1048577"),
+            (12 << 20, "12M"),
+            (3 << 30, "3G"),
+        ] {
+            assert_eq!(size_label(n), label);
+            assert_eq!(parse_size(label), Ok(n));
+        }
+    }
 }
